@@ -1,0 +1,73 @@
+#include "compat/torch_compat.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <cmath>
+
+namespace linearize::compat {
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        bool causal, double scale) {
+  const int64_t tq = q.size(2), tk = k.size(2);
+  // Keys visible to query i: 0 .. i + offset (bottom-right aligned causal mask, as a KV cache needs).
+  const int64_t offset = tk - tq;
+  torch::Tensor mask;  // true = attend
+  if (causal && tq > 1) {
+    mask = torch::ones({tq, tk}, q.options().dtype(torch::kBool)).tril(offset);
+  }
+#if TORCH_VERSION_MAJOR >= 2
+  if (causal && tq == tk) {
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale);
+  }
+  if (mask.defined()) return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
+  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale);
+#else
+  auto scores = torch::matmul(q, k.transpose(-2, -1)) * scale;  // [B,H,Tq,Tk]
+  if (mask.defined()) scores = scores.masked_fill(mask.logical_not(), -INFINITY);
+  auto probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  return torch::matmul(probs, v);  // [B,H,Tq,D]
+#endif
+}
+
+AutocastGuard::AutocastGuard(torch::DeviceType device, torch::ScalarType dtype, bool enabled)
+    : device_(device), enabled_(enabled) {
+  if (!enabled_) return;
+#if TORCH_VERSION_MAJOR >= 2
+  prev_enabled_ = at::autocast::is_autocast_enabled(device_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(device_);
+  at::autocast::set_autocast_enabled(device_, true);
+  at::autocast::set_autocast_dtype(device_, dtype);
+#else
+  if (device_ == torch::kCUDA) {
+    prev_enabled_ = at::autocast::is_enabled();
+    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
+    at::autocast::set_enabled(true);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    prev_enabled_ = at::autocast::is_cpu_enabled();
+    prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+#endif
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!enabled_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_enabled(device_, prev_enabled_);
+  at::autocast::set_autocast_dtype(device_, prev_dtype_);
+#else
+  if (device_ == torch::kCUDA) {
+    at::autocast::set_enabled(prev_enabled_);
+    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
+  } else {
+    at::autocast::set_cpu_enabled(prev_enabled_);
+    at::autocast::set_autocast_cpu_dtype(prev_dtype_);
+  }
+#endif
+}
+
+}  // namespace linearize::compat

@@ -1,0 +1,33 @@
+// The one place where libtorch 1.13 (Debian, CPU) and libtorch 2.x (pip PyTorch, CUDA) differ for us.
+// Everything else in the code base calls these helpers instead of version-specific APIs.
+#pragma once
+#include <torch/torch.h>
+#include <torch/version.h>
+
+namespace linearize::compat {
+
+inline constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
+
+// Causal (or masked) softmax attention. q [B,H,Tq,D], k/v [B,H,Tk,D] (same head count: repeat KV
+// heads before calling). When causal, query i attends to keys 0 .. i + (Tk - Tq).
+// Uses scaled_dot_product_attention on torch 2 (flash/efficient kernels on CUDA), else matmul-softmax.
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        bool causal, double scale);
+
+// RAII guard that turns on bf16 (or other low-precision) autocast for a device type and restores the
+// previous state when it leaves scope.
+class AutocastGuard {
+ public:
+  AutocastGuard(torch::DeviceType device, torch::ScalarType dtype, bool enabled = true);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  torch::DeviceType device_;
+  bool enabled_;
+  bool prev_enabled_ = false;
+  torch::ScalarType prev_dtype_ = torch::kFloat;
+};
+
+}  // namespace linearize::compat
