@@ -1,0 +1,63 @@
+// Helpers shared by the tests: where ../shared lives, and skipping with a clear message when it does
+// not. Golden tests read LINEARIZE_GOLDEN (default ../shared/golden next to the source tree) and
+// check every file they find there.
+#pragma once
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace linearize::test {
+
+inline std::string source_dir() {
+  const char* env = std::getenv("LINEARIZE_SOURCE_DIR");
+  return env ? env : LINEARIZE_SOURCE_DIR;
+}
+
+inline std::string shared_dir() {
+  const char* env = std::getenv("LINEARIZE_SHARED");
+  return env ? std::string(env) : source_dir() + "/../shared";
+}
+
+inline std::string golden_dir() {
+  const char* env = std::getenv("LINEARIZE_GOLDEN");
+  return env ? std::string(env) : shared_dir() + "/golden";
+}
+
+inline std::string data_dir() { return shared_dir() + "/data"; }
+
+// Files in `dir` whose name ends with `suffix`, sorted; empty when the folder is absent.
+inline std::vector<std::string> files_in(const std::string& dir, const std::string& suffix) {
+  std::vector<std::string> out;
+  if (!std::filesystem::is_directory(dir)) return out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string p = e.path().string();
+    if (p.size() >= suffix.size() && p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0)
+      out.push_back(p);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// max |a - b| / max |b|: the relative error measure of ../shared/golden/README.md.
+inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
+  auto a64 = a.detach().to(torch::kCPU, torch::kDouble);
+  auto b64 = b.detach().to(torch::kCPU, torch::kDouble);
+  double denom = b64.abs().max().item<double>();
+  double num = (a64 - b64).abs().max().item<double>();
+  if (denom == 0) return num;
+  return num / denom;
+}
+
+}  // namespace linearize::test
+
+// Skips the current test when a path from ../shared is missing, saying which.
+#define LINEARIZE_REQUIRE_PATH(path)                                                        \
+  do {                                                                                      \
+    if (!std::filesystem::exists(path))                                                     \
+      GTEST_SKIP() << "skipped: " << (path)                                                 \
+                   << " not found (needs ../shared; set LINEARIZE_SHARED or LINEARIZE_GOLDEN)"; \
+  } while (0)
