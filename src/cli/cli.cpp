@@ -1,0 +1,58 @@
+#include <iostream>
+
+#include "cli/commands.h"
+#include "io/error.h"
+
+namespace linearize::cli {
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> list = {
+      {"info", "print a model folder's architecture, parameter count, dtype and tokenizer", cmd_info},
+      {"tokenize", "turn text into token ids, or text/jsonl files into a .u32 token shard", cmd_tokenize},
+      {"generate", "generate text from a teacher or student model, streaming", cmd_generate},
+      {"eval", "evaluate a model (eval ppl: held-out perplexity)", cmd_eval},
+  };
+  return list;
+}
+
+namespace {
+void print_usage(std::ostream& out) {
+  out << "usage: linearize <command> [options]\n\n"
+         "Linearize pretrained Llama-architecture language models: replace softmax attention with\n"
+         "linear-time token mixers, distill, evaluate and run them with constant memory.\n\ncommands:\n";
+  for (const auto& c : commands()) {
+    std::string name = "  " + c.name;
+    out << name << std::string(name.size() < 14 ? 14 - name.size() : 1, ' ') << c.summary << "\n";
+  }
+  out << "\nRun `linearize <command> --help` for a command's options.\n";
+}
+}  // namespace
+
+int run_cli(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
+      std::string(argv[1]) == "help") {
+    print_usage(std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string name = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  for (const auto& c : commands()) {
+    if (c.name != name) continue;
+    try {
+      return c.run(args);
+    } catch (const Error& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      return 1;
+    } catch (const c10::Error& e) {
+      std::cerr << "error: " << e.what_without_backtrace() << "\n";
+      return 1;
+    } catch (const std::exception& e) {
+      std::cerr << "error: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  std::cerr << "error: unknown command \"" << name << "\" (run `linearize --help` for the list)\n";
+  return 2;
+}
+
+}  // namespace linearize::cli

@@ -1,0 +1,28 @@
+// The subcommands of the `linearize` tool. Each takes its arguments (after the command name) and
+// returns the process exit code; errors are thrown as linearize::Error and printed by run_cli.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace linearize::cli {
+
+using CommandFn = std::function<int(const std::vector<std::string>& args)>;
+
+struct Command {
+  std::string name;     // first word: "info", "eval", ...
+  std::string summary;  // one line for `linearize --help`
+  CommandFn run;
+};
+
+int cmd_info(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_generate(const std::vector<std::string>& args);
+int cmd_eval(const std::vector<std::string>& args);
+
+const std::vector<Command>& commands();
+
+// Entry point used by main(): dispatches, prints one clear line on error, returns the exit code.
+int run_cli(int argc, char** argv);
+
+}  // namespace linearize::cli

@@ -1,0 +1,27 @@
+// Pieces shared by several commands: device selection, model loading with a progress line, and the
+// BOS convention of a model's tokenizer.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/args.h"
+#include "io/tokenizer.h"
+#include "model/model_io.h"
+
+namespace linearize::cli {
+
+// --device cpu|cuda|cuda:N (cuda refused with a clear message when this build or machine has none).
+torch::Device parse_device(const std::string& s);
+OptionSpec device_option();
+
+// The model folder's tokenizer, or an error naming the folder.
+std::unique_ptr<Tokenizer> model_tokenizer(const std::string& folder);
+
+// Token ids a prompt starts with: BOS for SentencePiece (Llama-2 style) tokenizers or when the prompt
+// is empty, nothing otherwise (GPT-2/SmolLM2 byte-level BPE adds no BOS).
+std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& tokenizer, bool prompt_empty);
+
+}  // namespace linearize::cli

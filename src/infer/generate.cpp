@@ -1,0 +1,37 @@
+#include "infer/generate.h"
+
+#include <algorithm>
+
+#include "io/error.h"
+
+namespace linearize {
+
+std::vector<int32_t> generate(CausalLM& model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
+                              const std::function<void(int32_t)>& on_token, ModelState* state) {
+  torch::NoGradGuard ng;
+  ModelState local = model->new_state();
+  ModelState& st = state ? *state : local;
+  if (prompt.empty() && (st.empty() || st[0].position == 0))
+    throw Error("generate: the prompt is empty (give at least one token, e.g. BOS)");
+  const auto device = model->lm_head_weight().device();
+  Sampler sampler(options.sampling);
+  std::vector<int32_t> out;
+  torch::Tensor logits;
+  if (!prompt.empty()) {
+    auto ids = torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()), torch::kLong).to(device).unsqueeze(0);
+    logits = model->forward(ids, &st).select(1, -1).squeeze(0);  // [V]
+  }
+  for (int64_t i = 0; i < options.max_new_tokens; ++i) {
+    if (!logits.defined()) throw Error("generate: nothing to continue from");
+    const int32_t next = static_cast<int32_t>(sampler.next(logits));
+    out.push_back(next);
+    if (on_token) on_token(next);
+    if (std::find(options.stop_ids.begin(), options.stop_ids.end(), next) != options.stop_ids.end()) break;
+    if (i + 1 == options.max_new_tokens) break;
+    auto ids = torch::full({1, 1}, static_cast<int64_t>(next), torch::TensorOptions().dtype(torch::kLong).device(device));
+    logits = model->forward(ids, &st).select(1, -1).squeeze(0);
+  }
+  return out;
+}
+
+}  // namespace linearize

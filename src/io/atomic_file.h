@@ -1,0 +1,16 @@
+// Atomic file writes: write to a temporary file in the same folder, fsync it, rename over the target,
+// fsync the folder. A killed process leaves either the old file or the new one, never a torn one.
+#pragma once
+#include <functional>
+#include <ostream>
+#include <string>
+
+namespace linearize {
+
+// Calls `write` with a stream on a temporary file, then publishes it as `path`.
+void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& write);
+
+// Reads a whole file; throws linearize::Error naming the path when it cannot be read.
+std::string read_file(const std::string& path);
+
+}  // namespace linearize

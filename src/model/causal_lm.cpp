@@ -1,0 +1,83 @@
+#include "model/causal_lm.h"
+
+namespace linearize {
+
+DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c, std::shared_ptr<TokenMixer> mixer_,
+                                   const std::string& mixer_name_)
+    : mixer(std::move(mixer_)), mixer_name(mixer_name_) {
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  register_module(mixer_name, mixer);
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  mlp = register_module("mlp", LlamaMLP(c.hidden_size, c.intermediate_size, c.mlp_bias));
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, LayerState* state, Trace* trace) {
+  auto a_in = input_layernorm(x);
+  auto a_out = mixer->forward(a_in, state);
+  auto h = x + a_out;
+  auto out = h + mlp(post_attention_layernorm(h));
+  if (trace) {
+    trace->layer_in.push_back(x);
+    trace->attn_in.push_back(a_in);
+    trace->attn_out.push_back(a_out);
+    trace->layer_out.push_back(out);
+  }
+  return out;
+}
+
+CausalLMImpl::CausalLMImpl(const LlamaConfig& c, const MixerFactory& mixer_for) : config(c) {
+  model = register_module("model", Backbone());
+  model->embed_tokens = model->register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  model->layers = model->register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    std::shared_ptr<TokenMixer> mixer;
+    std::string name = "self_attn";
+    if (mixer_for) std::tie(mixer, name) = mixer_for(i);
+    else mixer = std::make_shared<LlamaAttention>(c);
+    model->layers->push_back(DecoderLayer(c, mixer, name));
+  }
+  model->norm = model->register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  if (!c.tie_word_embeddings)
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
+}
+
+DecoderLayer CausalLMImpl::layer(int64_t i) const {
+  return DecoderLayer(model->layers->ptr<DecoderLayerImpl>(i));
+}
+
+torch::Tensor CausalLMImpl::lm_head_weight() const {
+  return lm_head ? lm_head->weight : model->embed_tokens->weight;
+}
+
+torch::Tensor CausalLMImpl::hidden_states(const torch::Tensor& ids, ModelState* state, Trace* trace) {
+  if (state && static_cast<int64_t>(state->size()) != config.num_hidden_layers)
+    state->resize(config.num_hidden_layers);
+  auto x = model->embed_tokens(ids);  // [B,T,hidden]
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i)
+    x = layer(i)->forward(x, state ? &(*state)[i] : nullptr, trace);
+  auto h = model->norm(x);
+  if (trace) trace->final_norm_out = h;
+  return h;
+}
+
+torch::Tensor CausalLMImpl::logits_from_hidden(const torch::Tensor& h) {
+  return torch::matmul(h, lm_head_weight().t());  // [B,T,V]
+}
+
+torch::Tensor CausalLMImpl::forward(const torch::Tensor& ids, ModelState* state, Trace* trace) {
+  return logits_from_hidden(hidden_states(ids, state, trace));
+}
+
+void init_weights_normal(torch::nn::Module& m, double std) {
+  torch::NoGradGuard ng;
+  for (auto& mod : m.modules(/*include_self=*/true)) {
+    if (auto* lin = mod->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0, std);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* emb = mod->as<torch::nn::Embedding>()) {
+      emb->weight.normal_(0, std);
+    }
+  }
+}
+
+}  // namespace linearize

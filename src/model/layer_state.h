@@ -1,0 +1,40 @@
+// Per-layer decoding state of a token mixer: the teacher's KV cache, or a student mixer's conv buffers
+// and matrix state. A state is a small dictionary of tensors plus the number of tokens it has seen.
+//
+// Mixers never modify a state's tensors in place; they replace them. So copying a LayerState (or a
+// whole ModelState) is a cheap, exact snapshot that can be restored later (chat turns, NIAH prefixes).
+#pragma once
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace linearize {
+
+struct LayerState {
+  std::map<std::string, torch::Tensor> tensors;
+  int64_t position = 0;  // tokens consumed so far
+
+  bool has(const std::string& name) const { return tensors.count(name) > 0; }
+  torch::Tensor get(const std::string& name) const {
+    auto it = tensors.find(name);
+    return it == tensors.end() ? torch::Tensor() : it->second;
+  }
+  // Bytes held by the state's tensors.
+  int64_t bytes() const {
+    int64_t n = 0;
+    for (const auto& [k, t] : tensors) n += t.numel() * t.element_size();
+    return n;
+  }
+};
+
+using ModelState = std::vector<LayerState>;
+
+inline int64_t state_bytes(const ModelState& s) {
+  int64_t n = 0;
+  for (const auto& l : s) n += l.bytes();
+  return n;
+}
+
+}  // namespace linearize

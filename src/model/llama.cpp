@@ -1,0 +1,116 @@
+#include "model/llama.h"
+
+#include <cmath>
+
+#include "compat/torch_compat.h"
+
+namespace linearize {
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({dim}));
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  auto x32 = x.to(torch::kFloat);
+  auto y = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * y.to(x.scalar_type());
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps); }
+
+Rotary::Rotary(int64_t head_dim, double theta, const RopeScaling& scaling) {
+  auto exponents = torch::arange(0, head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(head_dim);
+  inv_freq_ = 1.0 / torch::pow(torch::tensor(theta, torch::kFloat), exponents);  // [D/2]
+  if (scaling.type == "linear") {
+    inv_freq_ = inv_freq_ / scaling.factor;
+  } else if (scaling.type == "llama3") {
+    // Low frequencies are divided by `factor`, high ones kept, the band between interpolated.
+    const double old_len = static_cast<double>(scaling.original_max_position_embeddings);
+    const double low_wavelen = old_len / scaling.low_freq_factor;
+    const double high_wavelen = old_len / scaling.high_freq_factor;
+    auto wavelen = 2 * M_PI / inv_freq_;
+    auto scaled = torch::where(wavelen > low_wavelen, inv_freq_ / scaling.factor, inv_freq_);
+    auto smooth = (old_len / wavelen - scaling.low_freq_factor) /
+                  (scaling.high_freq_factor - scaling.low_freq_factor);
+    auto smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled;
+    auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
+    inv_freq_ = torch::where(medium, smoothed, scaled);
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> Rotary::tables(int64_t start, int64_t length,
+                                                       torch::Device device) const {
+  auto pos = torch::arange(start, start + length, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  auto freqs = torch::outer(pos, inv_freq_.to(device));  // [T, D/2]
+  auto emb = torch::cat({freqs, freqs}, -1);              // [T, D]
+  return {emb.cos(), emb.sin()};
+}
+
+namespace {
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+}  // namespace
+
+torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t start) const {
+  auto [cos, sin] = tables(start, x.size(2), x.device());
+  cos = cos.to(x.scalar_type());
+  sin = sin.to(x.scalar_type());
+  return x * cos + rotate_half(x) * sin;
+}
+
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  const auto B = x.size(0), Hkv = x.size(1), T = x.size(2), D = x.size(3);
+  return x.unsqueeze(2).expand({B, Hkv, groups, T, D}).reshape({B, Hkv * groups, T, D});
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& c)
+    : num_heads(c.num_attention_heads),
+      num_kv_heads(c.num_key_value_heads),
+      head_dim(c.head_dim),
+      rotary_(c.head_dim, c.rope_theta, c.rope_scaling) {
+  auto lin = [&](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.attention_bias));
+  };
+  q_proj = register_module("q_proj", lin(c.hidden_size, num_heads * head_dim));
+  k_proj = register_module("k_proj", lin(c.hidden_size, num_kv_heads * head_dim));
+  v_proj = register_module("v_proj", lin(c.hidden_size, num_kv_heads * head_dim));
+  o_proj = register_module("o_proj", lin(num_heads * head_dim, c.hidden_size));
+}
+
+torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state) {
+  const auto B = x.size(0), T = x.size(1);
+  const int64_t start = state ? state->position : 0;
+  auto q = q_proj(x).view({B, T, num_heads, head_dim}).transpose(1, 2);     // [B,H,T,D]
+  auto k = k_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
+  auto v = v_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
+  q = rotary_.apply(q, start);
+  k = rotary_.apply(k, start);
+  if (state) {
+    if (state->has("k")) {
+      k = torch::cat({state->get("k"), k}, 2);  // [B,Hkv,start+T,D]
+      v = torch::cat({state->get("v"), v}, 2);
+    }
+    state->tensors["k"] = k;
+    state->tensors["v"] = v;
+    state->position = start + T;
+  }
+  const int64_t groups = num_heads / num_kv_heads;
+  auto o = compat::attention(q, repeat_kv(k, groups), repeat_kv(v, groups), /*causal=*/true,
+                             1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B,H,T,D]
+  return o_proj(o.transpose(1, 2).reshape({B, T, num_heads * head_dim}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(int64_t hidden, int64_t intermediate, bool bias) {
+  gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, intermediate).bias(bias)));
+  up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, intermediate).bias(bias)));
+  down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(intermediate, hidden).bias(bias)));
+}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
+
+}  // namespace linearize

@@ -1,0 +1,63 @@
+// Building blocks of the Llama architecture, with Hugging Face parameter names:
+// RMSNorm (weight), rotary position embedding (rotate-half, as HF), softmax attention with grouped
+// KV heads and a KV cache (q_proj, k_proj, v_proj, o_proj), and the SwiGLU MLP (gate_proj, up_proj,
+// down_proj). Shapes: hidden states [B, T, hidden]; heads [B, H, T, head_dim].
+#pragma once
+#include <torch/torch.h>
+
+#include "io/hf_config.h"
+#include "model/token_mixer.h"
+
+namespace linearize {
+
+// y = x * rsqrt(mean(x^2) + eps) * weight, reduced in fp32, cast back to x's dtype before the weight.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+
+// Rotary embedding tables for positions [start, start + T): cos and sin [T, head_dim], fp32.
+class Rotary {
+ public:
+  Rotary(int64_t head_dim, double theta, const RopeScaling& scaling = {});
+  std::pair<torch::Tensor, torch::Tensor> tables(int64_t start, int64_t length, torch::Device device) const;
+  // x [B, H, T, D] rotated for positions start..start+T-1 (rotate-half layout).
+  torch::Tensor apply(const torch::Tensor& x, int64_t start) const;
+  const torch::Tensor& inv_freq() const { return inv_freq_; }
+
+ private:
+  torch::Tensor inv_freq_;  // [D/2] fp32, CPU
+};
+
+// Repeats each of the Hkv heads `groups` times, head-major: [B, Hkv, T, D] -> [B, Hkv*groups, T, D].
+// Query head h reads KV head h / groups (HF repeat_kv).
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups);
+
+class LlamaAttention : public TokenMixer {
+ public:
+  explicit LlamaAttention(const LlamaConfig& c);
+  torch::Tensor forward(const torch::Tensor& x, LayerState* state) override;
+  std::string kind() const override { return "softmax_attention"; }
+
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t num_heads, num_kv_heads, head_dim;
+
+ private:
+  Rotary rotary_;
+};
+
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  LlamaMLPImpl(int64_t hidden, int64_t intermediate, bool bias);
+  torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+}  // namespace linearize
