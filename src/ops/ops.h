@@ -1,0 +1,62 @@
+// The three op families behind the seven token mixers. Ops own no parameters: tensors in, tensors out.
+// Each has a recurrent form (token by token: the reference and the decode path) and a chunked form
+// (chunks of 64 by default: training and prefill, autograd-capable through libtorch ops). Both take an
+// optional initial state and return the final state. Gate math and cumulative sums run in fp32
+// whatever the input dtype; outputs come back in the dtype of v.
+//
+// Layout (as fla): q, k [B, T, H, K]; v [B, T, H, V]; o [B, T, H, V]; state [B, H, K, V].
+// Output read after the update: o_t = S_t^T (scale * q_t).
+#pragma once
+#include <torch/torch.h>
+
+namespace linearize::ops {
+
+struct OpResult {
+  torch::Tensor o;      // [B, T, H, V]
+  torch::Tensor state;  // [B, H, K, V] fp32 final state
+};
+
+// ---- Family A: gated linear attention  S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T ------------------
+// g (log decay, <= 0) selects the decay kind:
+//   undefined      none (Linear Attention)
+//   [H]            fixed per head, the same at every step (RetNet's g_gamma)
+//   [B, T, H]      data-dependent scalar per head
+//   [B, T, H, K]   data-dependent per key channel (GLA)
+OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& g, const torch::Tensor& h0, double scale);
+OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                   const torch::Tensor& g, const torch::Tensor& h0, double scale, int64_t chunk = 64);
+
+// ---- Family B: gated delta rule  S_t = (I - b_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T ---
+// beta [B, T, H]; g undefined (DeltaNet), [B, T, H] (Gated DeltaNet) or [B, T, H, K] (KDA).
+// q and k are used as given (layers L2-normalise them first).
+OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
+                              double scale);
+OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
+                          double scale, int64_t chunk = 64);
+
+// ---- Family C: mLSTM (exponential input gate, sigmoid forget gate, normaliser, max-stabiliser) ---
+// igate, fgate: pre-activations [B, T, H]; log f = logsigmoid(fgate); input weight exp(igate).
+// State (c [B,H,K,V], n [B,H,K], m [B,H]) starts at zeros when undefined.
+// h_t = C_t^T q^_t / (max(|n_t . q^_t|, exp(-m_t)) + eps), q^ = q * scale.
+struct MlstmState {
+  torch::Tensor c, n, m;
+  bool defined() const { return c.defined(); }
+};
+struct MlstmResult {
+  torch::Tensor h;  // [B, T, H, V]
+  MlstmState state;
+};
+MlstmResult mlstm_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
+                            double scale, double eps = 1e-6);
+MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
+                        double scale, double eps = 1e-6, int64_t chunk = 64);
+
+// L2 normalisation over the last dim in fp32: x / sqrt(sum x^2 + eps), returned in x's dtype.
+torch::Tensor l2_norm(const torch::Tensor& x, double eps = 1e-6);
+
+}  // namespace linearize::ops
