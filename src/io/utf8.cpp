@@ -76,7 +76,7 @@ size_t complete_prefix_length(const std::string& s) {
   const size_t start = s.size() > 3 ? s.size() - 3 : 0;
   for (size_t i = start; i < s.size(); ++i) {
     const unsigned char b = static_cast<unsigned char>(s[i]);
-    if (b < 0xC0) continue;  // ASCII or a continuation byte cannot start the pending character
+    if (b < 0xC2 || b > 0xF4) continue;  // cannot start a character that more bytes would complete
     size_t prefix = 0;
     if (sequence_length(s, i, &prefix) == 0 && i + prefix == s.size()) return i;
   }
