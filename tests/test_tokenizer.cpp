@@ -343,8 +343,10 @@ TEST(TokenizerSentencePiece, Stories260K) {
 
   const std::string text = "Once upon a time, there was a little girl named Lily.";
   const std::vector<int32_t> ids = tok.encode(text);
-  ASSERT_FALSE(ids.empty());
-  EXPECT_NE(ids[0], 1) << "no BOS";
+  // ▁Once ▁upon ▁a ▁time , ▁there ▁was ▁a ▁little ▁g ir l ▁named ▁Lily .
+  EXPECT_EQ(ids, (std::vector<int32_t>{403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426}));
+  // golden.json's sentence is 35 tokens with BOS (llama2.c's count).
+  EXPECT_EQ(tok.encode("One day, a clever fox found a shiny key under the old oak tree.").size(), 34u);
   EXPECT_EQ(tok.decode(ids), text);
   // Streaming (leading space dropped on the first piece) gives the same text.
   EXPECT_EQ(joined(stream(tok, ids)), text);
@@ -366,6 +368,11 @@ TEST(TokenizerSentencePiece, Stories260K) {
   EXPECT_EQ(special[0], 1);
   EXPECT_NE(tok.encode("<s>Once", false)[0], 1);
   EXPECT_THROW(tok.token_bytes(512, 0), Error);
+  // remove_extra_whitespaces (the model's default) and byte fallback for characters not in the vocab.
+  const std::vector<int32_t> cjk = tok.encode("  two  spaces \xE6\x97\xA5");  // 日
+  EXPECT_EQ(cjk, (std::vector<int32_t>{259, 424, 414, 262, 427, 412, 331, 419, 410, 233, 154, 168}));
+  EXPECT_EQ(tok.decode(cjk), "two spaces \xE6\x97\xA5");
+  EXPECT_EQ(joined(stream(tok, cjk)), "two spaces \xE6\x97\xA5");
 }
 
 TEST(TokenizerLoad, PicksImplementationFromFolder) {
