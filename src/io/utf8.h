@@ -1,0 +1,31 @@
+// Small UTF-8 helpers for the tokenizers: replacing invalid sequences with U+FFFD the way Rust's
+// String::from_utf8_lossy does (one U+FFFD per maximal invalid subpart), and finding where an
+// incomplete trailing character starts, for streaming decode.
+//
+// Deliberately not here: normalisation, case mapping, Unicode categories (PCRE2 does those).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace linearize::utf8 {
+
+// Length in bytes of the valid UTF-8 sequence starting at s[i], or 0 when the bytes there are not a
+// complete valid sequence. `*valid_prefix` (optional) receives how many bytes form a valid prefix of
+// some sequence (at least 1 when the result is 0): the length of the maximal invalid subpart.
+size_t sequence_length(const std::string& s, size_t i, size_t* valid_prefix = nullptr);
+
+// `s` with every maximal invalid subpart replaced by U+FFFD. Valid input is returned unchanged.
+std::string sanitize(const std::string& s);
+
+// True when s is entirely valid UTF-8.
+bool is_valid(const std::string& s);
+
+// Number of leading bytes of `s` that can be emitted now: everything except a trailing sequence that
+// is a valid but incomplete prefix of a character (which more bytes could still complete).
+size_t complete_prefix_length(const std::string& s);
+
+// Appends the UTF-8 encoding of codepoint cp.
+void append_codepoint(std::string& out, uint32_t cp);
+
+}  // namespace linearize::utf8
