@@ -9,6 +9,7 @@
 // factor is taken pairwise, [c, c, K], masked before the exp.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "io/error.h"
 #include "ops/common.h"
@@ -88,43 +89,62 @@ torch::Tensor causal_mask(int64_t C, bool strict, const torch::Device& device) {
       .tril(strict ? -1 : 0);  // [C, C]
 }
 
-torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
-                           bool strict) {
-  const int64_t B = X.size(0), H = X.size(1), N = X.size(2), C = X.size(3), K = X.size(4);
-  auto mask = causal_mask(C, strict, X.device());
-  if (!G.defined()) return X.matmul(Y.transpose(-1, -2)).masked_fill(~mask, 0.0);  // [B,H,N,C,C]
+std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
+                                        const torch::Tensor& G, bool strict) {
+  const int64_t B = Y.size(0), H = Y.size(1), N = Y.size(2), C = Y.size(3), K = Y.size(4);
+  auto mask = causal_mask(C, strict, Y.device());
+  std::vector<torch::Tensor> out;
+  out.reserve(Xs.size());
+  if (!G.defined()) {
+    for (const auto& X : Xs) out.push_back(X.matmul(Y.transpose(-1, -2)).masked_fill(~mask, 0.0));  // [B,H,N,C,C]
+    return out;
+  }
   if (G.dim() == 4) {
     auto decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~mask, kNegInf).exp();  // [B,H,N,C,C]
-    return X.matmul(Y.transpose(-1, -2)) * decay;
+    for (const auto& X : Xs) out.push_back(X.matmul(Y.transpose(-1, -2)) * decay);
+    return out;
   }
 
   // Vector gate: sub-chunks of c rows (the whole chunk when it does not split into 16s).
   const int64_t c = (C % kSubChunk == 0) ? kSubChunk : C;
   const int64_t S = C / c;
-  auto Xs = X.reshape({B, H, N, S, c, K});
   auto Ys = Y.reshape({B, H, N, S, c, K});
   auto Gs = G.reshape({B, H, N, S, c, K});
 
-  // Diagonal sub-blocks, pairwise: E[r,j,d] = exp(G_r - G_j) for j <= r (j < r when strict).
-  auto sub_mask = causal_mask(c, strict, X.device()).view({c, c, 1});
-  auto E = (Gs.unsqueeze(5) - Gs.unsqueeze(4)).masked_fill(~sub_mask, kNegInf).exp();  // [B,H,N,S,c,c,K]
-  auto diag = (E * Ys.unsqueeze(4)).matmul(Xs.unsqueeze(-1)).squeeze(-1);              // [B,H,N,S,c,c]
-  if (S == 1) return diag.reshape({B, H, N, C, C});
+  // Diagonal sub-blocks, pairwise: EY[r,j,d] = exp(G_r - G_j) Y[j,d] for j <= r (j < r when strict).
+  auto sub_mask = causal_mask(c, strict, Y.device()).view({c, c, 1});
+  auto EY = (Gs.unsqueeze(5) - Gs.unsqueeze(4)).masked_fill(~sub_mask, kNegInf).exp() *
+            Ys.unsqueeze(4);  // [B,H,N,S,c,c,K]
+  std::vector<torch::Tensor> diags;
+  for (const auto& X : Xs)
+    diags.push_back(EY.matmul(X.reshape({B, H, N, S, c, K}).unsqueeze(-1)).squeeze(-1));  // [B,H,N,S,c,c]
+  if (S == 1) {
+    for (const auto& d : diags) out.push_back(d.reshape({B, H, N, C, C}));
+    return out;
+  }
 
   // Off-diagonal sub-blocks: query sub-block s against key rows j < s*c, reference row s*c.
-  auto ref = Gs.select(4, 0).unsqueeze(4);                                            // [B,H,N,S,1,K]
-  auto Xt = Xs * (Gs - ref).exp();                                                    // [B,H,N,S,c,K]
-  auto rows = torch::arange(C, torch::TensorOptions().dtype(torch::kLong).device(X.device()));
+  auto ref = Gs.select(4, 0).unsqueeze(4);  // [B,H,N,S,1,K]
+  auto q_decay = (Gs - ref).exp();          // [B,H,N,S,c,K]
+  auto rows = torch::arange(C, torch::TensorOptions().dtype(torch::kLong).device(Y.device()));
   auto starts = torch::arange(S, rows.options()) * c;
-  auto key_before = (rows.view({1, C}) < starts.view({S, 1})).view({S, C, 1});       // [S, C, 1]
-  auto Yt = Y.unsqueeze(3) *
-            (ref - G.unsqueeze(3)).masked_fill(~key_before, kNegInf).exp();          // [B,H,N,S,C,K]
-  auto off = Xt.matmul(Yt.transpose(-1, -2));                                         // [B,H,N,S,c,C]
+  auto key_before = (rows.view({1, C}) < starts.view({S, 1})).view({S, C, 1});  // [S, C, 1]
+  auto YtT = (Y.unsqueeze(3) * (ref - G.unsqueeze(3)).masked_fill(~key_before, kNegInf).exp())
+                 .transpose(-1, -2);  // [B,H,N,S,K,C]
 
   // Put each diagonal block at columns s*c .. s*c+c-1 of its query sub-block.
-  auto eye = torch::eye(S, X.options()).view({S, 1, S, 1});
-  auto diag_full = (diag.unsqueeze(5) * eye).reshape({B, H, N, S, c, C});            // [B,H,N,S,c,C]
-  return (off + diag_full).reshape({B, H, N, C, C});
+  auto eye = torch::eye(S, Y.options()).view({S, 1, S, 1});
+  for (size_t i = 0; i < Xs.size(); ++i) {
+    auto off = (Xs[i].reshape({B, H, N, S, c, K}) * q_decay).matmul(YtT);     // [B,H,N,S,c,C]
+    auto diag_full = (diags[i].unsqueeze(5) * eye).reshape({B, H, N, S, c, C});  // [B,H,N,S,c,C]
+    out.push_back((off + diag_full).reshape({B, H, N, C, C}));
+  }
+  return out;
+}
+
+torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
+                           bool strict) {
+  return gated_scores(std::vector<torch::Tensor>{X}, Y, G, strict)[0];
 }
 
 }  // namespace detail

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <vector>
 
 namespace linearize::ops::detail {
 
@@ -50,5 +51,10 @@ torch::Tensor causal_mask(int64_t C, bool strict, const torch::Device& device);
 // the first row of the query sub-block (both exponents <= 0); diagonal sub-blocks are computed pairwise.
 torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
                            bool strict);
+
+// The same for several X against one Y and G: the decay factors are built once (the delta rule needs
+// the scores of beta*K and of Q against K).
+std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
+                                        const torch::Tensor& G, bool strict);
 
 }  // namespace linearize::ops::detail

@@ -45,8 +45,10 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
   }
 
   auto Kb = Kc * bt;                                                  // [B,H,N,C,K]
-  auto L = detail::gated_scores(Kb, Kc, G, /*strict=*/true);          // [B,H,N,C,C]
-  auto Aqk = detail::gated_scores(Q, Kc, G, /*strict=*/false) * scale;  // [B,H,N,C,C]
+  // Scores of beta*K (strictly lower: L) and of Q (diagonal included: Aqk) against K, sharing the decay.
+  auto scores = detail::gated_scores({Kb, Q}, Kc, G, /*strict=*/false);
+  auto L = scores[0].tril(-1);     // [B,H,N,C,C]
+  auto Aqk = scores[1] * scale;    // [B,H,N,C,C]
 
   torch::Tensor Qg = Q * scale, Kd = Kc, Kg = Kb, D;  // Kg = diag(beta)(K ⊙ e^G)
   if (kind == GateKind::Vector) {
