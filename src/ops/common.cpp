@@ -117,7 +117,7 @@ std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, co
             Ys.unsqueeze(4);  // [B,H,N,S,c,c,K]
   std::vector<torch::Tensor> diags;
   for (const auto& X : Xs)
-    diags.push_back(EY.matmul(X.reshape({B, H, N, S, c, K}).unsqueeze(-1)).squeeze(-1));  // [B,H,N,S,c,c]
+    diags.push_back((EY * X.reshape({B, H, N, S, c, K}).unsqueeze(5)).sum(-1));  // [B,H,N,S,c,c]
   if (S == 1) {
     for (const auto& d : diags) out.push_back(d.reshape({B, H, N, C, C}));
     return out;
