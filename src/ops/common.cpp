@@ -1,0 +1,151 @@
+// Shared pieces of the op families: L2 norm, layout and dtype changes, time padding, gate
+// normalisation and the intra-chunk gated score matrix (see common.h for the contracts).
+//
+// The gated score matrix for a vector gate (GLA, KDA) is the delicate one. Within a chunk G is the
+// local cumulative log decay, non-increasing in r. For query rows r in sub-chunk i (rows s0..s0+c-1)
+// and key rows j < s0, with ref = G[s0]:
+//   exp(G_r - G_j) = exp(G_r - ref) * exp(ref - G_j),  both exponents <= 0,
+// so X ⊙ exp(G - ref) and Y ⊙ exp(ref - G) never overflow. Inside the diagonal c x c sub-block the
+// factor is taken pairwise, [c, c, K], masked before the exp.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "io/error.h"
+#include "ops/common.h"
+#include "ops/ops.h"
+
+namespace linearize::ops {
+
+torch::Tensor l2_norm(const torch::Tensor& x, double eps) {
+  const auto dt = detail::compute_dtype(x);
+  auto xf = x.to(dt);
+  auto y = xf * torch::rsqrt(xf.pow(2).sum(-1, /*keepdim=*/true) + eps);
+  return y.to(x.scalar_type());
+}
+
+namespace detail {
+
+namespace {
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr int64_t kSubChunk = 16;
+
+std::string shape_of(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+}  // namespace
+
+torch::ScalarType compute_dtype(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+
+void check_qkv(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const char* op) {
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.sizes() != k.sizes() || v.size(0) != q.size(0) ||
+      v.size(1) != q.size(1) || v.size(2) != q.size(2))
+    throw Error(std::string(op) + ": expected q, k [B,T,H,K] and v [B,T,H,V], got q " + shape_of(q) +
+                ", k " + shape_of(k) + ", v " + shape_of(v));
+}
+
+GateKind gate_kind(const torch::Tensor& g, int64_t B, int64_t T, int64_t H, int64_t K, const char* op) {
+  if (!g.defined()) return GateKind::None;
+  if (g.dim() == 1 && g.size(0) == H) return GateKind::Fixed;
+  if (g.dim() == 3 && g.size(0) == B && g.size(1) == T && g.size(2) == H) return GateKind::Scalar;
+  if (g.dim() == 4 && g.size(0) == B && g.size(1) == T && g.size(2) == H && g.size(3) == K)
+    return GateKind::Vector;
+  throw Error(std::string(op) + ": expected g undefined, [H], [B,T,H] or [B,T,H,K] with B=" +
+              std::to_string(B) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+              " K=" + std::to_string(K) + ", got " + shape_of(g));
+}
+
+torch::Tensor to_heads_first(const torch::Tensor& x, torch::ScalarType dt) {
+  return x.to(dt).transpose(1, 2);  // [B, H, T, D]
+}
+
+torch::Tensor gate_heads_first(const torch::Tensor& g, GateKind kind, int64_t B, int64_t T,
+                               torch::ScalarType dt) {
+  switch (kind) {
+    case GateKind::None: return {};
+    case GateKind::Fixed: return g.to(dt).view({1, -1, 1}).expand({B, g.size(0), T});  // [B, H, T]
+    case GateKind::Scalar: return g.to(dt).transpose(1, 2);                          // [B, H, T]
+    case GateKind::Vector: return g.to(dt).transpose(1, 2);                          // [B, H, T, K]
+  }
+  return {};
+}
+
+torch::Tensor pad_dim(const torch::Tensor& x, int64_t dim, int64_t len, double value) {
+  const int64_t have = x.size(dim);
+  if (have >= len) return x;
+  auto shape = x.sizes().vec();
+  shape[dim] = len - have;
+  return torch::cat({x, torch::full(shape, value, x.options())}, dim);
+}
+
+int64_t round_up(int64_t T, int64_t chunk) { return (T + chunk - 1) / chunk * chunk; }
+
+torch::Tensor causal_mask(int64_t C, bool strict, const torch::Device& device) {
+  return torch::ones({C, C}, torch::TensorOptions().dtype(torch::kBool).device(device))
+      .tril(strict ? -1 : 0);  // [C, C]
+}
+
+std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
+                                        const torch::Tensor& G, bool strict) {
+  const int64_t B = Y.size(0), H = Y.size(1), N = Y.size(2), C = Y.size(3), K = Y.size(4);
+  auto mask = causal_mask(C, strict, Y.device());
+  std::vector<torch::Tensor> out;
+  out.reserve(Xs.size());
+  if (!G.defined()) {
+    for (const auto& X : Xs) out.push_back(X.matmul(Y.transpose(-1, -2)).masked_fill(~mask, 0.0));  // [B,H,N,C,C]
+    return out;
+  }
+  if (G.dim() == 4) {
+    auto decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~mask, kNegInf).exp();  // [B,H,N,C,C]
+    for (const auto& X : Xs) out.push_back(X.matmul(Y.transpose(-1, -2)) * decay);
+    return out;
+  }
+
+  // Vector gate: sub-chunks of c rows (the whole chunk when it does not split into 16s).
+  const int64_t c = (C % kSubChunk == 0) ? kSubChunk : C;
+  const int64_t S = C / c;
+  auto Ys = Y.reshape({B, H, N, S, c, K});
+  auto Gs = G.reshape({B, H, N, S, c, K});
+
+  // Diagonal sub-blocks, pairwise: EY[r,j,d] = exp(G_r - G_j) Y[j,d] for j <= r (j < r when strict).
+  auto sub_mask = causal_mask(c, strict, Y.device()).view({c, c, 1});
+  auto EY = (Gs.unsqueeze(5) - Gs.unsqueeze(4)).masked_fill(~sub_mask, kNegInf).exp() *
+            Ys.unsqueeze(4);  // [B,H,N,S,c,c,K]
+  std::vector<torch::Tensor> diags;
+  for (const auto& X : Xs)
+    diags.push_back((EY * X.reshape({B, H, N, S, c, K}).unsqueeze(5)).sum(-1));  // [B,H,N,S,c,c]
+  if (S == 1) {
+    for (const auto& d : diags) out.push_back(d.reshape({B, H, N, C, C}));
+    return out;
+  }
+
+  // Off-diagonal sub-blocks: query sub-block s against key rows j < s*c, reference row s*c.
+  auto ref = Gs.select(4, 0).unsqueeze(4);  // [B,H,N,S,1,K]
+  auto q_decay = (Gs - ref).exp();          // [B,H,N,S,c,K]
+  auto rows = torch::arange(C, torch::TensorOptions().dtype(torch::kLong).device(Y.device()));
+  auto starts = torch::arange(S, rows.options()) * c;
+  auto key_before = (rows.view({1, C}) < starts.view({S, 1})).view({S, C, 1});  // [S, C, 1]
+  auto YtT = (Y.unsqueeze(3) * (ref - G.unsqueeze(3)).masked_fill(~key_before, kNegInf).exp())
+                 .transpose(-1, -2);  // [B,H,N,S,K,C]
+
+  // Put each diagonal block at columns s*c .. s*c+c-1 of its query sub-block.
+  auto eye = torch::eye(S, Y.options()).view({S, 1, S, 1});
+  for (size_t i = 0; i < Xs.size(); ++i) {
+    auto off = (Xs[i].reshape({B, H, N, S, c, K}) * q_decay).matmul(YtT);     // [B,H,N,S,c,C]
+    auto diag_full = (diags[i].unsqueeze(5) * eye).reshape({B, H, N, S, c, C});  // [B,H,N,S,c,C]
+    out.push_back((off + diag_full).reshape({B, H, N, C, C}));
+  }
+  return out;
+}
+
+torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
+                           bool strict) {
+  return gated_scores(std::vector<torch::Tensor>{X}, Y, G, strict)[0];
+}
+
+}  // namespace detail
+}  // namespace linearize::ops

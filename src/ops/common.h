@@ -1,0 +1,60 @@
+// Helpers shared by the three op families (not part of the public op interface, see ops.h).
+//
+// - layout changes: [B, T, H, D] (fla, the op interface) <-> [B, H, T, D] (what the chunked forms
+//   compute in), with the compute dtype: fp64 when the input is fp64, fp32 otherwise.
+// - padding along time to a multiple of the chunk size, with a chosen fill value.
+// - gates: every decay kind (none, fixed [H], scalar [B,T,H], vector [B,T,H,K]) brought to one
+//   per-step log-decay tensor [B,H,T] or [B,H,T,K] in the compute dtype. A fixed decay is zero on
+//   padded steps, so padding never decays the final state (spec §2.3, pitfall 7).
+// - gated_scores: the intra-chunk score matrix  Σ_d X[r,d] Y[j,d] exp(G[r,d] - G[j,d])  for j <= r
+//   (or j < r), masked before any exp, without ever forming exp(-G) on its own.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace linearize::ops::detail {
+
+enum class GateKind { None, Fixed, Scalar, Vector };
+
+// The compute dtype of the chunked and recurrent forms: fp64 for fp64 inputs, fp32 for the rest.
+torch::ScalarType compute_dtype(const torch::Tensor& x);
+
+// Checks that q, k [B,T,H,K] and v [B,T,H,V] agree; `op` names the caller in the error.
+void check_qkv(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const char* op);
+
+// Decay kind of g (undefined, [H], [B,T,H] or [B,T,H,K]); throws naming `op` for anything else.
+GateKind gate_kind(const torch::Tensor& g, int64_t B, int64_t T, int64_t H, int64_t K, const char* op);
+
+// [B, T, H, D] -> [B, H, T, D] in dtype `dt`.
+torch::Tensor to_heads_first(const torch::Tensor& x, torch::ScalarType dt);
+
+// Per-step log decay in the compute dtype, heads first: [B,H,T] (Fixed, Scalar) or [B,H,T,K] (Vector);
+// undefined for None. Fixed [H] is broadcast over B and T.
+torch::Tensor gate_heads_first(const torch::Tensor& g, GateKind kind, int64_t B, int64_t T,
+                               torch::ScalarType dt);
+
+// Pads dimension `dim` of x up to `len` with `value` (no copy when already long enough).
+torch::Tensor pad_dim(const torch::Tensor& x, int64_t dim, int64_t len, double value);
+
+// Smallest multiple of `chunk` that is >= T.
+int64_t round_up(int64_t T, int64_t chunk);
+
+// Causal mask [C, C] (bool): j <= r, or j < r when strict.
+torch::Tensor causal_mask(int64_t C, bool strict, const torch::Device& device);
+
+// S[..., r, j] = Σ_d X[..., r, d] Y[..., j, d] exp(G[..., r, d] - G[..., j, d]) for j <= r (j < r when
+// strict), 0 elsewhere. X, Y [B,H,N,C,K]; G undefined (no decay), [B,H,N,C] (scalar) or [B,H,N,C,K]
+// (vector) chunk-local cumulative log decay. Returns [B,H,N,C,C].
+// The vector case splits each chunk into sub-chunks of 16 rows: off-diagonal sub-blocks factor around
+// the first row of the query sub-block (both exponents <= 0); diagonal sub-blocks are computed pairwise.
+torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
+                           bool strict);
+
+// The same for several X against one Y and G: the decay factors are built once (the delta rule needs
+// the scores of beta*K and of Q against K).
+std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
+                                        const torch::Tensor& G, bool strict);
+
+}  // namespace linearize::ops::detail

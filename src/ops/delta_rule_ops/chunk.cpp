@@ -1,0 +1,95 @@
+// Family B, chunked form (spec §8.B): the gated delta rule through the WY/UT representation.
+//
+// Per chunk n, with G the chunk-local cumulative log decay (fp32) and Γ[r,j,d] = exp(G[r,d] - G[j,d]):
+//   L[r,j]  = beta_r Σ_d K[r,d] K[j,d] Γ[r,j,d]   for j < r            (strictly lower)
+//   W = (I + L)^{-1} diag(beta) (K ⊙ e^G),   U = (I + L)^{-1} diag(beta) V   (one triangular solve)
+//   Aqk[r,j] = scale Σ_d Q[r,d] K[j,d] Γ[r,j,d]   for j <= r
+// then, sequentially over chunks:
+//   V' = U - W S^(n)                  (row r = the recurrence's write vector u_t)
+//   O  = scale (Q ⊙ e^G) S^(n) + Aqk V'
+//   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V'
+// The solve is linalg_solve_triangular (unit lower, fp32/fp64, differentiable).
+//
+// Shapes: q, k [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; g undefined / [H] / [B,T,H] / [B,T,H,K]; inside,
+// [B,H,N,C,D]. T is zero-padded to a multiple of C (q, k, v, g and beta zero: padded steps are
+// identities). Autograd flows to q, k, v, beta, g, h0.
+#include "io/error.h"
+#include "ops/common.h"
+#include "ops/ops.h"
+
+namespace linearize::ops {
+
+OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
+                          double scale, int64_t chunk) {
+  using detail::GateKind;
+  detail::check_qkv(q, k, v, "delta_rule_chunk");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  if (!beta.defined() || beta.dim() != 3 || beta.size(0) != B || beta.size(1) != T || beta.size(2) != H)
+    throw Error("delta_rule_chunk: expected beta [B,T,H] = [" + std::to_string(B) + ", " +
+                std::to_string(T) + ", " + std::to_string(H) + "]");
+  const auto kind = detail::gate_kind(g, B, T, H, K, "delta_rule_chunk");
+  const auto dt = detail::compute_dtype(v);
+  const int64_t C = chunk, Tp = detail::round_up(T, C), N = Tp / C;
+
+  auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,D] -> [B,H,N,C,D]
+    return detail::pad_dim(detail::to_heads_first(x, dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
+  };
+  auto Q = chunked(q), Kc = chunked(k), Vc = chunked(v);
+  auto bt = detail::pad_dim(beta.to(dt).transpose(1, 2), 2, Tp, 0.0).reshape({B, H, N, C, 1});  // [B,H,N,C,1]
+
+  torch::Tensor G;  // chunk-local cumulative log decay: [B,H,N,C] or [B,H,N,C,K]
+  if (kind != GateKind::None) {
+    auto gh = detail::pad_dim(detail::gate_heads_first(g, kind, B, T, dt), 2, Tp, 0.0);
+    G = (kind == GateKind::Vector ? gh.reshape({B, H, N, C, K}) : gh.reshape({B, H, N, C})).cumsum(3);
+  }
+
+  auto Kb = Kc * bt;                                                  // [B,H,N,C,K]
+  // Scores of beta*K (strictly lower: L) and of Q (diagonal included: Aqk) against K, sharing the decay.
+  auto scores = detail::gated_scores({Kb, Q}, Kc, G, /*strict=*/false);
+  auto L = scores[0].tril(-1);     // [B,H,N,C,C]
+  auto Aqk = scores[1] * scale;    // [B,H,N,C,C]
+
+  torch::Tensor Qg = Q * scale, Kd = Kc, Kg = Kb, D;  // Kg = diag(beta)(K ⊙ e^G)
+  if (kind == GateKind::Vector) {
+    auto Glast = G.select(3, C - 1).unsqueeze(3);  // [B,H,N,1,K]
+    auto eG = G.exp();                             // [B,H,N,C,K]
+    Qg = Qg * eG;
+    Kg = Kb * eG;
+    Kd = Kc * (Glast - G).exp();
+    D = Glast.squeeze(3).exp().unsqueeze(-1);  // [B,H,N,K,1]
+  } else if (kind != GateKind::None) {
+    auto Glast = G.select(3, C - 1).unsqueeze(3);  // [B,H,N,1]
+    auto eG = G.exp().unsqueeze(-1);               // [B,H,N,C,1]
+    Qg = Qg * eG;
+    Kg = Kb * eG;
+    Kd = Kc * (Glast - G).exp().unsqueeze(-1);
+    D = Glast.exp().unsqueeze(-1);  // [B,H,N,1,1]
+  }
+
+  // W and U from one unit-lower-triangular solve: (I + L) [W U] = [Kg, diag(beta) V].
+  auto eye = torch::eye(C, Q.options());
+  auto WU = torch::linalg_solve_triangular(L + eye, torch::cat({Kg, Vc * bt}, -1), /*upper=*/false,
+                                           /*left=*/true, /*unitriangular=*/true);  // [B,H,N,C,K+V]
+  auto W = WU.narrow(-1, 0, K), U = WU.narrow(-1, K, V);
+  auto KdT = Kd.transpose(-1, -2);  // [B,H,N,K,C]
+
+  auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
+  std::vector<torch::Tensor> states, writes;  // S^(n) entering chunk n; V' of chunk n
+  states.reserve(N);
+  writes.reserve(N);
+  for (int64_t n = 0; n < N; ++n) {
+    auto Vn = U.select(2, n) - W.select(2, n).matmul(S);  // [B,H,C,V]
+    states.push_back(S);
+    writes.push_back(Vn);
+    auto dS = KdT.select(2, n).matmul(Vn);  // [B,H,K,V]
+    S = D.defined() ? D.select(2, n) * S + dS : S + dS;
+  }
+  auto Sn = torch::stack(states, 2);                      // [B,H,N,K,V]
+  auto Vnew = torch::stack(writes, 2);                    // [B,H,N,C,V]
+  auto O = Qg.matmul(Sn) + Aqk.matmul(Vnew);              // [B,H,N,C,V]
+  auto o = O.reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
+  return {o, S};
+}
+
+}  // namespace linearize::ops

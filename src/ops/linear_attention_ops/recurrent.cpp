@@ -1,0 +1,44 @@
+// Family A, recurrent form: gated linear attention one token at a time (the reference and the decode
+// path).
+//
+//   S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T,   o_t = S_t^T (scale * q_t)
+//
+// q, k [B,T,H,K]; v [B,T,H,V]; g undefined (no decay), [H] (fixed per head), [B,T,H] (scalar) or
+// [B,T,H,K] (per key channel); state [B,H,K,V]. Runs in fp32 (fp64 for fp64 inputs); the state comes
+// back in that dtype, o in v's dtype. A T=1 call does a handful of [B,H,K,V] ops and nothing else.
+#include "ops/common.h"
+#include "ops/ops.h"
+
+namespace linearize::ops {
+
+OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& g, const torch::Tensor& h0, double scale) {
+  detail::check_qkv(q, k, v, "gla_recurrent");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const auto kind = detail::gate_kind(g, B, T, H, K, "gla_recurrent");
+  const auto dt = detail::compute_dtype(v);
+
+  auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
+  auto qf = q.to(dt), kf = k.to(dt), vf = v.to(dt);
+  torch::Tensor gf = g.defined() ? g.to(dt) : torch::Tensor();
+  torch::Tensor fixed_decay;
+  if (kind == detail::GateKind::Fixed) fixed_decay = gf.exp().view({1, H, 1, 1});  // [1,H,1,1]
+
+  std::vector<torch::Tensor> outs;
+  outs.reserve(T);
+  for (int64_t t = 0; t < T; ++t) {
+    auto kt = kf.select(1, t), vt = vf.select(1, t), qt = qf.select(1, t);  // [B,H,K], [B,H,V]
+    switch (kind) {
+      case detail::GateKind::None: break;
+      case detail::GateKind::Fixed: S = S * fixed_decay; break;
+      case detail::GateKind::Scalar: S = S * gf.select(1, t).exp().view({B, H, 1, 1}); break;
+      case detail::GateKind::Vector: S = S * gf.select(1, t).exp().unsqueeze(-1); break;  // [B,H,K,1]
+    }
+    S = S + kt.unsqueeze(-1) * vt.unsqueeze(-2);
+    outs.push_back(qt.unsqueeze(-2).matmul(S).squeeze(-2) * scale);  // [B,H,V]
+  }
+  auto o = torch::stack(outs, 1).to(v.scalar_type());  // [B,T,H,V]
+  return {o, S};
+}
+
+}  // namespace linearize::ops
