@@ -3,7 +3,10 @@
 // decode path against the full forward.
 #include <filesystem>
 
+#include "eval/perplexity.h"
 #include "infer/generate.h"
+#include "io/atomic_file.h"
+#include "io/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/model_io.h"
 #include "test_util.h"
@@ -137,4 +140,44 @@ TEST(Llama, SaveLoadRoundTrip) {
     EXPECT_NE(msg.find("missing tensor \"model.layers.1.mlp.up_proj.weight\""), std::string::npos) << msg;
     EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
   }
+}
+
+// The real tiny Llama from llama2.c: greedy generation from BOS reproduces llama2.c's text, and the
+// NLL of golden.json's sentence matches llama2.c's.
+TEST(Stories260K, GreedyMatchesLlama2c) {
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(folder);
+  auto model = load_model(folder);
+  auto tok = load_tokenizer(folder);
+  std::string expected = read_file(folder + "/expected_greedy_200.txt");
+  GenerateOptions go;
+  go.max_new_tokens = 200;
+  auto out = generate(model, {1}, go);
+  StreamDecoder stream(*tok);
+  std::string text;
+  for (int32_t id : out) text += stream.push(id);
+  text += stream.flush();
+  auto trim = [](std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    size_t i = 0;
+    while (i < s.size() && (s[i] == '\n' || s[i] == ' ')) ++i;
+    return s.substr(i);
+  };
+  EXPECT_EQ(trim(text), trim(expected));
+}
+
+TEST(Stories260K, SentenceNllMatchesLlama2c) {
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(folder + "/golden.json");
+  auto golden = nlohmann::json::parse(read_file(folder + "/golden.json"));
+  auto model = load_model(folder);
+  auto tok = load_tokenizer(folder);
+  std::vector<int32_t> ids = {1};
+  auto body = tok->encode(golden["sentence"].get<std::string>());
+  ids.insert(ids.end(), body.begin(), body.end());
+  ASSERT_EQ(static_cast<int64_t>(ids.size()), golden["n_tokens"].get<int64_t>());
+  auto r = perplexity(model, ids, static_cast<int64_t>(ids.size()), 1);
+  const double tol = golden["tolerance"].get<double>();
+  EXPECT_NEAR(r.nll * r.tokens, golden["nll"].get<double>(), tol * golden["nll"].get<double>());
+  EXPECT_NEAR(r.ppl, golden["perplexity"].get<double>(), tol * golden["perplexity"].get<double>());
 }

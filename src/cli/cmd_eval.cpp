@@ -28,6 +28,7 @@ int eval_ppl(const std::vector<std::string>& argv) {
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   const std::string folder = args.str("model");
+  const int64_t seq_len = args.integer("seq-len"), batch = args.integer("batch");
   LoadOptions lo;
   lo.device = parse_device(args.str("device"));
   auto model = load_model(folder, lo);
@@ -39,7 +40,7 @@ int eval_ppl(const std::vector<std::string>& argv) {
   if (args.has("max-tokens") && static_cast<int64_t>(tokens.size()) > args.integer("max-tokens"))
     tokens.resize(args.integer("max-tokens"));
   const bool json = args.flag("json");
-  auto r = perplexity(model, tokens, args.integer("seq-len"), args.integer("batch"), [&](int64_t done, int64_t total) {
+  auto r = perplexity(model, tokens, seq_len, batch, [&](int64_t done, int64_t total) {
     if (!json) std::cerr << "\rscoring windows " << done << "/" << total << std::flush;
   });
   if (!json) std::cerr << "\n";

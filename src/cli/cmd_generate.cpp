@@ -28,6 +28,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   const std::string folder = args.str("model");
+  const int64_t max_new_tokens = args.integer("max-new-tokens");
   LoadOptions lo;
   lo.device = parse_device(args.str("device"));
   auto model = load_model(folder, lo);
@@ -38,7 +39,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   ids.insert(ids.end(), body.begin(), body.end());
 
   GenerateOptions go;
-  go.max_new_tokens = args.integer("max-new-tokens");
+  go.max_new_tokens = max_new_tokens;
   if (args.has("temperature") && !args.flag("greedy")) {
     go.sampling.greedy = false;
     go.sampling.temperature = args.number("temperature");

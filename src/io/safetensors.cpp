@@ -264,7 +264,10 @@ std::vector<std::string> WeightStore::names() const {
 
 const SafetensorsFile& WeightStore::file_for(const std::string& name) const {
   auto it = where_.find(name);
-  if (it == where_.end()) throw Error(location_ + ": missing tensor \"" + name + "\"");
+  if (it == where_.end()) {
+    const std::string where = files_.size() == 1 ? files_[0]->path() : location_ + "/model.safetensors.index.json";
+    throw Error(where + ": missing tensor \"" + name + "\"");
+  }
   return *files_[it->second];
 }
 

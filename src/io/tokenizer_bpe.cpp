@@ -14,6 +14,7 @@
 #include <queue>
 #include <sstream>
 
+#include "io/atomic_file.h"
 #include "io/error.h"
 #include "io/utf8.h"
 
@@ -663,6 +664,61 @@ std::optional<int32_t> BpeTokenizer::token_to_id(const std::string& token) const
   auto it = token_to_id_.find(token);
   if (it == token_to_id_.end()) return std::nullopt;
   return it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Byte-level helpers and the tokenizer.json writer
+
+const std::string& byte_level_symbol(uint8_t byte) { return byte_map().symbol[byte]; }
+
+std::string byte_level_encode(const std::string& bytes) { return byte_encode(bytes); }
+
+void write_tokenizer_json(const std::string& path, const std::vector<std::string>& vocab,
+                          const std::vector<std::pair<std::string, std::string>>& merges,
+                          const std::vector<AddedToken>& added_tokens, bool isolate_digits) {
+  if (merges.empty()) throw Error(path + ": refusing to write a BPE tokenizer without merges");
+  nlohmann::ordered_json j;
+  j["version"] = "1.0";
+  j["truncation"] = nullptr;
+  j["padding"] = nullptr;
+  j["added_tokens"] = nlohmann::ordered_json::array();
+  for (const auto& a : added_tokens) {
+    if (a.id < 0 || a.id >= static_cast<int32_t>(vocab.size()) || vocab[a.id] != a.content)
+      throw Error(path + ": added token \"" + a.content + "\" must be in the vocabulary at its id");
+    j["added_tokens"].push_back({{"id", a.id}, {"content", a.content}, {"single_word", a.single_word},
+                                 {"lstrip", a.lstrip}, {"rstrip", a.rstrip}, {"normalized", false},
+                                 {"special", a.special}});
+  }
+  j["normalizer"] = nullptr;
+  nlohmann::ordered_json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
+                                       {"trim_offsets", true}, {"use_regex", true}};
+  if (isolate_digits) {
+    j["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers", {{{"type", "Digits"}, {"individual_digits", true}}, byte_level}}};
+  } else {
+    j["pre_tokenizer"] = byte_level;
+  }
+  j["post_processor"] = nullptr;
+  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  nlohmann::ordered_json model;
+  model["type"] = "BPE";
+  model["dropout"] = nullptr;
+  model["unk_token"] = nullptr;
+  model["continuing_subword_prefix"] = nullptr;
+  model["end_of_word_suffix"] = nullptr;
+  model["fuse_unk"] = false;
+  model["byte_fallback"] = false;
+  model["ignore_merges"] = false;
+  nlohmann::ordered_json v = nlohmann::ordered_json::object();
+  for (size_t i = 0; i < vocab.size(); ++i) {
+    if (v.contains(vocab[i])) throw Error(path + ": token \"" + vocab[i] + "\" appears twice in the vocabulary");
+    v[vocab[i]] = static_cast<int64_t>(i);
+  }
+  model["vocab"] = v;
+  model["merges"] = nlohmann::ordered_json::array();
+  for (const auto& [a, b] : merges) model["merges"].push_back({a, b});
+  j["model"] = model;
+  write_file_atomic(path, [&](std::ostream& out) { out << j.dump(2) << "\n"; });
 }
 
 }  // namespace linearize

@@ -54,6 +54,19 @@ struct BpePreStep {
   std::string describe;                   // for error messages and debugging
 };
 
+// The GPT-2 byte-level symbol (UTF-8) of a byte, e.g. ' ' -> "Ġ", '\n' -> "Ċ"; byte_level_encode maps
+// every byte of a string.
+const std::string& byte_level_symbol(uint8_t byte);
+std::string byte_level_encode(const std::string& bytes);
+
+// Writes a standard tokenizer.json (the layout of SmolLM2's: no normalizer, Digits(individual) when
+// isolate_digits, then ByteLevel; BPE model with [a, b] merges; ByteLevel decoder) that both this
+// class and Hugging Face tokenizers read. vocab[i] is the byte-level string of id i; added tokens
+// carry their own ids (which must also be in vocab). Written atomically.
+void write_tokenizer_json(const std::string& path, const std::vector<std::string>& vocab,
+                          const std::vector<std::pair<std::string, std::string>>& merges,
+                          const std::vector<AddedToken>& added_tokens, bool isolate_digits);
+
 class BpeTokenizer : public Tokenizer {
  public:
   // In-memory construction. `vocab` maps byte-level token strings (e.g. "Ġthe") to ids; `merges` are

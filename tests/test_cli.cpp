@@ -1,0 +1,112 @@
+// The command-line tool end to end: runs build/linearize as a user would and checks its output and
+// exit codes (help for every command, one clear error line for bad input).
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "io/token_shards.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;  // stdout and stderr together
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string(LINEARIZE_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+std::string tmp(const std::string& name) {
+  auto d = fs::temp_directory_path() / ("linearize_cli_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return (d / name).string();
+}
+
+}  // namespace
+
+TEST(Cli, HelpForEveryCommand) {
+  auto r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  for (const char* c : {"info", "tokenize", "generate", "eval", "demo"}) {
+    EXPECT_NE(r.out.find(c), std::string::npos) << c;
+    auto h = run(std::string(c) + " --help");
+    EXPECT_EQ(h.code, 0) << c;
+    EXPECT_NE(h.out.find("usage: linearize " + std::string(c)), std::string::npos) << h.out;
+  }
+  auto p = run("eval ppl --help");
+  EXPECT_EQ(p.code, 0);
+  EXPECT_NE(p.out.find("--seq-len N"), std::string::npos) << p.out;
+}
+
+TEST(Cli, ErrorsAreOneClearLine) {
+  auto r = run("frobnicate");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("unknown command \"frobnicate\""), std::string::npos) << r.out;
+  r = run("generate --model /nonexistent/model");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+  EXPECT_NE(r.out.find("/nonexistent/model"), std::string::npos) << r.out;
+  r = run("generate --modle x");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("unknown option --modle"), std::string::npos) << r.out;
+  r = run("eval ppl --model x --data y --seq-len abc");
+  EXPECT_NE(r.out.find("--seq-len expects an integer, got \"abc\""), std::string::npos) << r.out;
+}
+
+TEST(Cli, TokenizeTextAndShard) {
+  const std::string tok = linearize::test::golden_dir() + "/tok-smollm2";
+  LINEARIZE_REQUIRE_PATH(tok);
+  auto r = run("tokenize --tokenizer " + tok + " --text 'Hello world' --json");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out, "[19556,905]\n");
+  const std::string txt = tmp("doc.txt"), jsonl = tmp("docs.jsonl"), shard = tmp("out.u32");
+  std::ofstream(txt) << "Hello world";
+  std::ofstream(jsonl) << "{\"text\": \"Hello world\"}\n\n{\"text\": \"Hello\"}\n";
+  r = run("tokenize --tokenizer " + tok + " --input " + txt + "," + jsonl + " --output " + shard);
+  EXPECT_EQ(r.code, 0) << r.out;
+  auto ids = linearize::read_token_shard(shard);
+  // <|endoftext|> (0) after each document.
+  EXPECT_EQ(ids, (std::vector<int32_t>{19556, 905, 0, 19556, 905, 0, 19556, 0}));
+  std::ofstream(jsonl) << "{\"text\": \"ok\"}\n{\"text\": oops}\n";
+  r = run("tokenize --tokenizer " + tok + " --input " + jsonl + " --output " + shard);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find(jsonl + ":2: malformed JSON line"), std::string::npos) << r.out;
+}
+
+TEST(Cli, InfoGenerateAndPerplexityOnStories260K) {
+  const std::string model = linearize::test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(model);
+  auto r = run("info " + model + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["layers"], 5);
+  EXPECT_EQ(j["kv_heads"], 4);
+  EXPECT_NEAR(j["parameters"].get<double>(), 260e3, 20e3);
+  r = run("generate --model " + model + " --prompt 'Once upon a time' --max-new-tokens 12");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_EQ(r.out.rfind("Once upon a time", 0), 0u) << r.out;
+  EXPECT_GT(r.out.size(), std::string("Once upon a time").size() + 20) << r.out;
+  // Sampling with a seed is reproducible.
+  auto s1 = run("generate --model " + model + " --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 20");
+  auto s2 = run("generate --model " + model + " --temperature 0.8 --top-p 0.9 --seed 7 --max-new-tokens 20");
+  EXPECT_EQ(s1.out, s2.out);
+  const std::string text = tmp("story.txt");
+  std::ofstream(text) << "Once upon a time, there was a little girl named Lily. She loved to play outside.";
+  r = run("eval ppl --model " + model + " --data " + text + " --seq-len 8 --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto p = nlohmann::json::parse(r.out);
+  EXPECT_GT(p["tokens"].get<int64_t>(), 10);
+  EXPECT_NEAR(p["ppl"].get<double>(), std::exp(p["nll"].get<double>()), 1e-9);
+  EXPECT_LT(p["ppl"].get<double>(), 30.0);  // a trained model on in-domain text
+}
