@@ -110,3 +110,20 @@ TEST(Cli, InfoGenerateAndPerplexityOnStories260K) {
   EXPECT_NEAR(p["ppl"].get<double>(), std::exp(p["nll"].get<double>()), 1e-9);
   EXPECT_LT(p["ppl"].get<double>(), 30.0);  // a trained model on in-domain text
 }
+
+// The README's main job: with stories260K it tells llama2.c's story; with its own teacher it still runs
+// end to end (config, weights, tokenizer written and read back, generation through the KV cache).
+TEST(Cli, DemoRunsBothWays) {
+  const std::string out = tmp("demo-teacher");
+  auto r = run("demo --own-teacher --out " + out + " --max-new-tokens 16");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(fs::exists(out + "/config.json"));
+  EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+  EXPECT_TRUE(fs::exists(out + "/tokenizer.json"));
+  EXPECT_NE(r.out.find("16 tokens in"), std::string::npos) << r.out;
+  const std::string model = linearize::test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(model);
+  r = run("demo --model " + model + " --max-new-tokens 40");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("Once upon a time, there was a little girl named Lily."), std::string::npos) << r.out;
+}

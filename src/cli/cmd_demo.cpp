@@ -72,15 +72,16 @@ int cmd_demo(const std::vector<std::string>& argv) {
                    "",
                    {{"model", "DIR", "use this model folder instead"},
                     {"prompt", "TEXT", "prompt (default: none, start from BOS)", ""},
-                    {"max-new-tokens", "N", "tokens to generate", "199"},
+                    {"max-new-tokens", "N", "tokens to generate", "200"},
+                    {"own-teacher", "", "create the small random teacher even when stories260K is there"},
                     {"out", "DIR", "where a created teacher is written", "runs/demo-teacher"}},
                    0, 0};
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
-  std::string folder = args.maybe("model").value_or(find_stories260k());
+  std::string folder = args.maybe("model").value_or(args.flag("own-teacher") ? "" : find_stories260k());
   bool created = false;
   if (folder.empty()) {
-    std::cout << "stories260K not found (../shared/data/models); creating a small random teacher in "
+    std::cout << "creating a small random teacher (stories260K not used) in "
               << args.str("out") << "\n";
     folder = create_teacher(args.str("out"));
     created = true;
@@ -90,7 +91,8 @@ int cmd_demo(const std::vector<std::string>& argv) {
   cmd_info(info_args);
   std::cout << "== greedy generation (" << args.str("max-new-tokens") << " new tokens)\n";
   std::vector<std::string> gen = {"--model", folder, "--max-new-tokens", args.str("max-new-tokens"), "--stats"};
-  if (!args.str("prompt").empty()) gen.insert(gen.end(), {"--prompt", args.str("prompt")});
+  const std::string prompt = args.maybe("prompt").value_or("");
+  if (!prompt.empty()) gen.insert(gen.end(), {"--prompt", prompt});
   if (created) gen.insert(gen.end(), {"--temperature", "1.0", "--seed", "0"});
   return cmd_generate(gen);
 }
