@@ -42,10 +42,18 @@ void check_golden_folder(const std::string& folder, torch::Device device) {
   EXPECT_LT(test::rel_err(logits, ref.get("logits")), tol) << "logits";
   for (int64_t i = 0; i < model->num_layers(); ++i) {
     const std::string s = "." + std::to_string(i);
-    if (ref.contains("layer_in" + s)) EXPECT_LT(test::rel_err(trace.layer_in[i], ref.get("layer_in" + s)), tol) << "layer_in" << s;
-    if (ref.contains("attn_in" + s)) EXPECT_LT(test::rel_err(trace.attn_in[i], ref.get("attn_in" + s)), tol) << "attn_in" << s;
-    if (ref.contains("attn_out" + s)) EXPECT_LT(test::rel_err(trace.attn_out[i], ref.get("attn_out" + s)), tol) << "attn_out" << s;
-    if (ref.contains("layer_out" + s)) EXPECT_LT(test::rel_err(trace.layer_out[i], ref.get("layer_out" + s)), tol) << "layer_out" << s;
+    if (ref.contains("layer_in" + s)) {
+      EXPECT_LT(test::rel_err(trace.layer_in[i], ref.get("layer_in" + s)), tol) << "layer_in" << s;
+    }
+    if (ref.contains("attn_in" + s)) {
+      EXPECT_LT(test::rel_err(trace.attn_in[i], ref.get("attn_in" + s)), tol) << "attn_in" << s;
+    }
+    if (ref.contains("attn_out" + s)) {
+      EXPECT_LT(test::rel_err(trace.attn_out[i], ref.get("attn_out" + s)), tol) << "attn_out" << s;
+    }
+    if (ref.contains("layer_out" + s)) {
+      EXPECT_LT(test::rel_err(trace.layer_out[i], ref.get("layer_out" + s)), tol) << "layer_out" << s;
+    }
   }
   EXPECT_LT(test::rel_err(trace.final_norm_out, ref.get("final_norm_out")), tol) << "final_norm_out";
   // Next-token NLL per position.
