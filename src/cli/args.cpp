@@ -2,6 +2,9 @@
 
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.h"
 #include "io/error.h"
 
 namespace linearize::cli {
@@ -62,6 +65,12 @@ const OptionSpec& Args::spec_of(const std::string& name) const {
   throw Error("linearize " + spec_.name + ": unknown option --" + name + " (see --help)");
 }
 
+bool Args::knows(const std::string& name) const {
+  for (const auto& o : spec_.options)
+    if (o.name == name) return true;
+  return false;
+}
+
 bool Args::has(const std::string& name) const { return values_.count(name) > 0; }
 
 bool Args::flag(const std::string& name) const {
@@ -120,6 +129,42 @@ std::vector<int64_t> Args::int_list(const std::string& name) const {
     }
   }
   return out;
+}
+
+void Args::apply_config_file(const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": malformed JSON: " + e.what());
+  }
+  if (!j.is_object()) throw Error(path + ": a config file must hold one JSON object of option: value");
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    std::string name = it.key();
+    for (auto& c : name)
+      if (c == '_') c = '-';
+    const OptionSpec* spec = nullptr;
+    for (const auto& o : spec_.options)
+      if (o.name == name) spec = &o;
+    if (!spec || name == "config")
+      throw Error(path + ": unknown key \"" + it.key() + "\" for linearize " + spec_.name + " (see --help)");
+    if (values_.count(name)) continue;  // the command line wins
+    const auto& v = it.value();
+    if (spec->value_name.empty()) {
+      if (!v.is_boolean()) throw Error(path + ": key \"" + it.key() + "\" is a flag: use true or false");
+      if (v.get<bool>()) values_[name] = "1";
+    } else if (v.is_string()) {
+      values_[name] = v.get<std::string>();
+    } else if (v.is_array()) {
+      std::string joined;
+      for (const auto& x : v) joined += (joined.empty() ? "" : ",") + (x.is_string() ? x.get<std::string>() : x.dump());
+      values_[name] = joined;
+    } else if (v.is_number() || v.is_boolean()) {
+      values_[name] = v.dump();
+    } else {
+      throw Error(path + ": key \"" + it.key() + "\" must be a string, number or list");
+    }
+  }
 }
 
 std::string help_text(const CommandSpec& spec) {

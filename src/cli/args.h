@@ -38,6 +38,7 @@ class Args {
   bool help_requested() const { return help_; }
   bool has(const std::string& name) const;  // given on the command line (or flag set)
   bool flag(const std::string& name) const;
+  bool knows(const std::string& name) const;  // the command has this option
   std::string str(const std::string& name) const;  // value or default; error if neither
   std::optional<std::string> maybe(const std::string& name) const;
   int64_t integer(const std::string& name) const;
@@ -45,6 +46,11 @@ class Args {
   std::vector<int64_t> int_list(const std::string& name) const;  // "1,2,3"
   std::vector<std::string> str_list(const std::string& name) const;
   const std::vector<std::string>& positional() const { return positional_; }
+
+  // Fills options not given on the command line from a JSON object file ({"seq-len": 512, ...};
+  // underscores may stand for dashes; true sets a flag). Unknown keys are an error naming the file
+  // and key, before any work starts.
+  void apply_config_file(const std::string& path);
 
  private:
   const OptionSpec& spec_of(const std::string& name) const;

@@ -11,6 +11,8 @@ const std::vector<Command>& commands() {
       {"tokenize", "turn text into token ids, or text/jsonl files into a .u32 token shard", cmd_tokenize},
       {"generate", "generate text from a teacher or student model, streaming", cmd_generate},
       {"eval", "evaluate a model (eval ppl: held-out perplexity)", cmd_eval},
+      {"pretrain", "train a Llama teacher from scratch", cmd_pretrain},
+      {"distill", "linearize a teacher: three-stage distillation into a mixer", cmd_distill},
       {"demo", "run the built-in default job (see README)", cmd_demo},
   };
   return list;

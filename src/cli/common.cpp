@@ -26,4 +26,49 @@ std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& t
   throw Error("the prompt is empty and the model config has neither bos_token_id nor eos_token_id");
 }
 
+std::vector<OptionSpec> training_options(const std::string& default_lr, const std::string& default_schedule) {
+  std::vector<OptionSpec> out = {
+      {"seq-len", "N", "tokens per training sequence", "512"},
+      {"batch", "N", "sequences per optimizer step", "8"},
+      {"grad-accum", "N", "micro-batches per step (batch must be divisible by it)", "1"},
+      {"warmup", "F", "warmup fraction of the steps", "0.1"},
+      {"weight-decay", "X", "AdamW weight decay (not on norms, biases, A_log, dt_bias)", "0.1"},
+      {"clip", "X", "gradient-norm clipping (0: off)", "1.0"},
+      {"seed", "S", "seed for initialisation and data order", "0"},
+      {"checkpoint-every", "N", "steps between checkpoints (0: end of each stage only)", "0"},
+      {"log-every", "N", "steps between progress lines", "10"},
+      {"resume", "", "continue from the run folder's checkpoints"},
+      {"stop-after", "N", "stop after step N's checkpoint, as if killed (for testing resume)"},
+      {"quiet", "", "no progress lines"},
+      {"config", "FILE", "JSON file with any of these options ({\"seq-len\": 512, ...})"},
+      device_option(),
+  };
+  if (!default_lr.empty()) {
+    out.insert(out.begin() + 3, {"lr", "X", "peak learning rate", default_lr});
+    out.insert(out.begin() + 4, {"schedule", "KIND", "learning-rate schedule: wsd, cosine, linear, constant", default_schedule});
+  }
+  return out;
+}
+
+TrainLoopOptions loop_options(const Args& args) {
+  TrainLoopOptions o;
+  o.batch = args.integer("batch");
+  o.grad_accum = args.integer("grad-accum");
+  if (args.knows("lr")) o.schedule.lr = args.number("lr");
+  if (args.knows("schedule")) o.schedule.kind = args.str("schedule");
+  check_schedule_kind(o.schedule.kind);
+  o.schedule.warmup_frac = args.number("warmup");
+  o.optimizer.weight_decay = args.number("weight-decay");
+  o.clip = args.number("clip");
+  o.seed = static_cast<uint64_t>(args.integer("seed"));
+  o.checkpoint_every = args.integer("checkpoint-every");
+  o.log_every = args.integer("log-every");
+  o.resume = args.flag("resume");
+  if (args.has("stop-after")) o.stop_after = args.integer("stop-after");
+  o.quiet = args.flag("quiet");
+  o.device = parse_device(args.str("device"));
+  if (o.batch < 1) throw Error("--batch must be at least 1");
+  return o;
+}
+
 }  // namespace linearize::cli

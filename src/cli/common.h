@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "io/tokenizer.h"
 #include "model/model_io.h"
+#include "train/trainer.h"
 
 namespace linearize::cli {
 
@@ -23,5 +24,11 @@ std::unique_ptr<Tokenizer> model_tokenizer(const std::string& folder);
 // Token ids a prompt starts with: BOS for SentencePiece (Llama-2 style) tokenizers or when the prompt
 // is empty, nothing otherwise (GPT-2/SmolLM2 byte-level BPE adds no BOS).
 std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& tokenizer, bool prompt_empty);
+
+// Options every training command shares (batch, lr, schedule, steps, checkpoints, resume, ...), with
+// per-command defaults for the learning rate and schedule.
+std::vector<OptionSpec> training_options(const std::string& default_lr, const std::string& default_schedule);
+// The loop options those flags describe (name, steps and run_dir are left to the caller).
+TrainLoopOptions loop_options(const Args& args);
 
 }  // namespace linearize::cli

@@ -4,19 +4,11 @@
 
 #include "io/atomic_file.h"
 #include "io/error.h"
+#include "model/student.h"
 
 namespace linearize {
 
 namespace fs = std::filesystem;
-
-namespace {
-StudentFactoryBuilder& student_builder() {
-  static StudentFactoryBuilder builder;
-  return builder;
-}
-}  // namespace
-
-void register_student_factory(StudentFactoryBuilder builder) { student_builder() = std::move(builder); }
 
 void load_weights(CausalLM& model, const WeightStore& store) {
   torch::NoGradGuard ng;
@@ -31,11 +23,8 @@ void load_weights(CausalLM& model, const WeightStore& store) {
 CausalLM load_model(const std::string& folder, const LoadOptions& options) {
   auto config = LlamaConfig::load(folder);
   MixerFactory factory;
-  if (config.raw.contains("linearize")) {
-    if (!student_builder())
-      throw Error(folder + ": config.json describes a linearized student, but no student support is built in");
-    factory = student_builder()(config, config.raw["linearize"]);
-  }
+  if (config.raw.contains("linearize"))
+    factory = student_factory(config, StudentSpec::from_json(config.raw["linearize"], folder + "/config.json"));
   WeightStore store(folder);
   CausalLM model(config, factory);
   load_weights(model, store);

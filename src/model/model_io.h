@@ -34,9 +34,4 @@ void save_model(CausalLM& model, const std::string& folder, const std::string& t
 // vocab.json / merges.txt from a folder (or the given tokenizer file) into `folder`.
 void copy_tokenizer_files(const std::string& from, const std::string& folder);
 
-// Hook for student models: builds the mixer factory from config.json's "linearize" section.
-// Registered by the student module; load_model refuses a student folder when none is registered.
-using StudentFactoryBuilder = std::function<MixerFactory(const LlamaConfig&, const nlohmann::json&)>;
-void register_student_factory(StudentFactoryBuilder builder);
-
 }  // namespace linearize

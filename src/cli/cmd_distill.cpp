@@ -1,0 +1,103 @@
+// linearize distill: three-stage distillation of a linear-time student from a Llama teacher.
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "distill/stages.h"
+#include "io/error.h"
+
+namespace linearize::cli {
+
+namespace {
+
+std::vector<double> parse_splits(const std::string& s) {
+  std::vector<double> out;
+  std::string cur;
+  for (char c : s + "|") {
+    if (c == '|' || c == ',') {
+      try {
+        size_t used = 0;
+        out.push_back(std::stod(cur, &used));
+        if (used != cur.size()) throw 0;
+      } catch (...) {
+        throw Error("--splits expects three numbers a|b|c (fractions or token counts), got \"" + s + "\"");
+      }
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_distill(const std::vector<std::string>& argv) {
+  CommandSpec spec{
+      "distill",
+      "Linearize a Llama teacher: replace its attention layers with a linear-time mixer and train the\n"
+      "student in three stages (1 attention-output alignment, 2 hidden-state alignment, 3 end-to-end\n"
+      "CE + KL). Writes a student model folder.",
+      "",
+      "mixers: linear_attention retnet gla deltanet gated_deltanet kda mlstm\n"
+      "presets: default (teacher head layout, corrected KDA gate, MSE stage 2, per-token KL)\n"
+      "         paper   (as the study ran it: fla head counts, L2 stage-2 loss, constant stage-2 LR,\n"
+      "                  batchmean KL)\n"
+      "Every option can also come from --config FILE (a JSON object, e.g. {\"mixer\": \"gla\", \"seq-len\": 256}).",
+      {{"teacher", "DIR", "teacher model folder (Hugging Face Llama)", "", true},
+       {"mixer", "NAME", "mixer kind (see below)", "", true},
+       {"data", "FILE", ".u32 token shard (or .txt/.jsonl)", "", true},
+       {"out", "DIR", "student folder to write (holds checkpoints and metrics.jsonl)", "", true},
+       {"stages", "LIST", "stages to run", "1,2,3"},
+       {"tokens", "N", "total token budget over the stages (default: one pass over each slice)"},
+       {"splits", "A|B|C", "stream/budget split over the stages: fractions or token counts", "0.026|0.053|0.92"},
+       {"preset", "NAME", "default or paper", "default"},
+       {"layers", "LIST", "replace only these layers (hybrid); default all"},
+       {"lr1", "X", "stage-1 learning rate", "2e-4"},
+       {"lr2", "X", "stage-2 learning rate", "2e-3"},
+       {"lr3", "X", "stage-3 learning rate", "3e-4"},
+       {"schedule1", "KIND", "stage-1 schedule", "wsd"},
+       {"schedule2", "KIND", "stage-2 schedule (paper preset: constant)"},
+       {"schedule3", "KIND", "stage-3 schedule", "linear"},
+       {"stage2-loss", "KIND", "mse or l2 (preset decides when absent)"},
+       {"ce-weight", "X", "stage-3 cross-entropy weight", "1.0"},
+       {"kl-weight", "X", "stage-3 KL weight", "1.0"},
+       {"kl-temperature", "T", "stage-3 KL temperature", "1.0"},
+       {"kl-reduction", "KIND", "token_mean or batchmean (preset decides when absent)"}},
+      0,
+      0};
+  for (auto& opt : training_options("", "")) spec.options.push_back(opt);
+  Args args(spec, argv);
+  if (args.help_requested()) return std::cout << help_text(spec), 0;
+  if (args.has("config")) args.apply_config_file(args.str("config"));
+
+  DistillOptions o;
+  o.teacher = args.str("teacher");
+  o.mixer = args.str("mixer");
+  o.data = args.str("data");
+  o.out = args.str("out");
+  apply_distill_preset(o, args.str("preset"));
+  o.stages.clear();
+  for (auto s : args.int_list("stages")) o.stages.push_back(static_cast<int>(s));
+  if (args.has("tokens")) o.tokens = args.integer("tokens");
+  o.splits = parse_splits(args.str("splits"));
+  if (args.has("layers")) o.layers = args.int_list("layers");
+  o.seq_len = args.integer("seq-len");
+  for (int s = 0; s < 3; ++s) {
+    const std::string n = std::to_string(s + 1);
+    o.stage[s].lr = args.number("lr" + n);
+    if (args.maybe("schedule" + n)) o.stage[s].schedule = args.str("schedule" + n);
+    o.stage[s].warmup = args.number("warmup");
+  }
+  if (args.has("stage2-loss")) o.stage2_loss = args.str("stage2-loss");
+  if (args.has("kl-reduction")) o.kl_reduction = args.str("kl-reduction");
+  o.ce_weight = args.number("ce-weight");
+  o.kl_weight = args.number("kl-weight");
+  o.kl_temperature = args.number("kl-temperature");
+  o.loop = loop_options(args);
+  auto r = distill(o);
+  if (!r.finished) std::cerr << "[distill] stopped early (--stop-after); resume with --resume\n";
+  return 0;
+}
+
+}  // namespace linearize::cli

@@ -1,0 +1,203 @@
+#include "distill/stages.h"
+
+#include <filesystem>
+#include <iostream>
+
+#include "io/error.h"
+#include "io/token_shards.h"
+#include "io/tokenizer.h"
+#include "model/mixers/mixer_config.h"
+#include "model/model_io.h"
+#include "model/student.h"
+#include "train/checkpoint.h"
+
+namespace linearize {
+
+namespace fs = std::filesystem;
+
+void apply_distill_preset(DistillOptions& o, const std::string& preset) {
+  if (preset == "paper") {
+    o.stage2_loss = "l2";
+    o.stage[1].schedule = "constant";  // the study's stage-2 LR never decays
+    o.kl_reduction = "batchmean";
+  } else if (preset == "default") {
+    o.stage2_loss = "mse";
+    o.stage[1].schedule = "wsd";
+    o.kl_reduction = "token_mean";
+  } else {
+    throw Error("unknown preset \"" + preset + "\" (expected default or paper)");
+  }
+  o.preset = preset;
+}
+
+namespace {
+
+// Teacher trace of a batch, without gradients.
+Trace teacher_trace(CausalLM& teacher, const torch::Tensor& x, torch::Tensor* logits = nullptr) {
+  torch::NoGradGuard ng;
+  Trace trace;
+  auto h = teacher->hidden_states(x, nullptr, &trace);
+  if (logits) *logits = teacher->logits_from_hidden(h);
+  return trace;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> params_with_prefix(torch::nn::Module& m,
+                                                                       const std::vector<std::string>& prefixes) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (auto& p : m.named_parameters(true)) {
+    bool take = prefixes.empty();
+    for (const auto& pre : prefixes)
+      if (p.key().rfind(pre, 0) == 0) take = true;
+    p.value().set_requires_grad(take);
+    if (take) out.emplace_back(p.key(), p.value());
+  }
+  return out;
+}
+
+torch::Tensor stage3_loss(const DistillOptions& o, const torch::Tensor& s_logits, const torch::Tensor& t_logits,
+                          const torch::Tensor& targets) {
+  const int64_t V = s_logits.size(-1);
+  auto s = s_logits.to(torch::kFloat).reshape({-1, V});
+  auto t = t_logits.to(torch::kFloat).reshape({-1, V});
+  auto ce = torch::nn::functional::cross_entropy(s, targets.reshape({-1}));
+  const double T = o.kl_temperature;
+  auto log_p_s = torch::log_softmax(s / T, -1);
+  auto log_p_t = torch::log_softmax(t / T, -1);
+  auto kl_tok = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1);  // [B*T] KL(teacher || student)
+  torch::Tensor kl;
+  if (o.kl_reduction == "batchmean") kl = kl_tok.sum() / static_cast<double>(s_logits.size(0));
+  else kl = kl_tok.mean() * (T * T);
+  return o.ce_weight * ce + o.kl_weight * kl;
+}
+
+}  // namespace
+
+DistillResult distill(const DistillOptions& o) {
+  // Everything that can be wrong with the input is checked before any training starts.
+  const auto kinds = mixer_kinds();
+  if (std::find(kinds.begin(), kinds.end(), o.mixer) == kinds.end()) {
+    std::string list;
+    for (const auto& k : kinds) list += (list.empty() ? "" : ", ") + k;
+    throw Error("unknown mixer \"" + o.mixer + "\" (expected one of: " + list + ")");
+  }
+  for (int s : o.stages)
+    if (s < 1 || s > 3) throw Error("--stages: stage " + std::to_string(s) + " does not exist (1, 2 or 3)");
+  if (o.splits.size() != 3) throw Error("--splits needs three parts a|b|c, one per stage");
+  if (o.stage2_loss != "mse" && o.stage2_loss != "l2")
+    throw Error("stage-2 loss \"" + o.stage2_loss + "\" unknown (expected mse or l2)");
+  if (o.kl_reduction != "token_mean" && o.kl_reduction != "batchmean")
+    throw Error("KL reduction \"" + o.kl_reduction + "\" unknown (expected token_mean or batchmean)");
+  for (const auto& st : o.stage) check_schedule_kind(st.schedule);
+
+  LoadOptions lo;
+  lo.device = o.loop.device;
+  auto teacher = load_model(o.teacher, lo);
+  if (teacher->config.raw.contains("linearize"))
+    throw Error(o.teacher + ": the teacher is itself a linearized student; give a Llama teacher folder");
+  teacher->eval();
+  for (auto& p : teacher->parameters()) p.set_requires_grad(false);
+  std::unique_ptr<Tokenizer> tok;
+  if (o.data.size() < 4 || o.data.substr(o.data.size() - 4) != ".u32") tok = load_tokenizer(o.teacher);
+  const int64_t eos = teacher->config.eos_token_ids.empty() ? -1 : teacher->config.eos_token_ids[0];
+  auto tokens = load_tokens(o.data, tok.get(), eos, teacher->config.vocab_size);
+  auto ranges = split_stream(static_cast<int64_t>(tokens.size()), o.splits);
+
+  auto spec = StudentSpec::make(o.mixer, o.preset, o.layers, teacher->config);
+  torch::manual_seed(static_cast<int64_t>(o.loop.seed));
+  std::vector<std::string> notes;
+  auto student = build_student(teacher, spec, &notes);
+  student->train();
+  if (!o.loop.quiet) {
+    std::cerr << "[distill] " << o.mixer << " (" << o.preset << ") from " << o.teacher << ": "
+              << (spec.layers.empty() ? "all" : std::to_string(spec.layers.size())) << " layers replaced, "
+              << tokens.size() << " tokens\n";
+    if (!notes.empty()) std::cerr << "[distill] init: " << notes.front() << (notes.size() > 1 ? " ..." : "") << "\n";
+  }
+  std::vector<int64_t> replaced;
+  for (int64_t i = 0; i < teacher->num_layers(); ++i)
+    if (spec.replaces(i)) replaced.push_back(i);
+
+  // Loaders for all requested stages are built first, so a slice shorter than one window fails now.
+  std::map<int, std::unique_ptr<WindowLoader>> loaders;
+  for (int s : o.stages)
+    loaders[s] = std::make_unique<WindowLoader>(tokens, ranges[s - 1], o.seq_len, o.loop.seed + s,
+                                                o.data + " (stage " + std::to_string(s) + " slice)");
+
+  DistillResult result;
+  for (int s : o.stages) {
+    TrainLoopOptions loop = o.loop;
+    loop.name = "stage" + std::to_string(s);
+    loop.run_dir = o.out;
+    loop.schedule.lr = o.stage[s - 1].lr;
+    loop.schedule.kind = o.stage[s - 1].schedule;
+    loop.schedule.warmup_frac = o.stage[s - 1].warmup;
+    const int64_t stage_tokens = o.tokens > 0 ? static_cast<int64_t>(o.tokens * o.splits[s - 1] /
+                                                                      (o.splits[0] + o.splits[1] + o.splits[2]))
+                                              : ranges[s - 1].size();
+    loop.steps = std::max<int64_t>(1, stage_tokens / (loop.batch * o.seq_len));
+    const std::string ckpt = (fs::path(o.out) / ("checkpoint-" + loop.name)).string();
+    if (o.loop.resume && checkpoint_exists(ckpt) && read_checkpoint_state(ckpt).value("finished", false)) {
+      load_checkpoint_weights(ckpt, *student);
+      if (!o.loop.quiet) std::cerr << "[" << loop.name << "] already finished; weights loaded from " << ckpt << "\n";
+      result.final_loss.push_back(read_checkpoint_state(ckpt).value("loss", 0.0));
+      continue;
+    }
+
+    std::vector<std::string> prefixes;
+    StepFn step;
+    if (s == 1) {
+      for (int64_t l : replaced) {
+        prefixes.push_back("model.layers." + std::to_string(l) + ".attn.");
+        prefixes.push_back("model.layers." + std::to_string(l) + ".input_layernorm.");
+      }
+      step = [&, replaced](const torch::Tensor& batch) {
+        auto x = batch.narrow(1, 0, o.seq_len);
+        auto trace = teacher_trace(teacher, x);
+        torch::Tensor loss = torch::zeros({}, torch::TensorOptions().device(x.device()));
+        for (int64_t l : replaced) {
+          auto layer = student->layer(l);
+          auto out = layer->mixer->forward(layer->input_layernorm(trace.layer_in[l]), nullptr);
+          loss = loss + torch::mse_loss(out.to(torch::kFloat), trace.attn_out[l].to(torch::kFloat));
+        }
+        return loss;
+      };
+    } else if (s == 2) {
+      for (int64_t l : replaced) prefixes.push_back("model.layers." + std::to_string(l) + ".");
+      step = [&, replaced](const torch::Tensor& batch) {
+        auto x = batch.narrow(1, 0, o.seq_len);
+        auto trace = teacher_trace(teacher, x);
+        torch::Tensor loss = torch::zeros({}, torch::TensorOptions().device(x.device()));
+        for (int64_t l : replaced) {
+          auto out = student->layer(l)->forward(trace.layer_in[l], nullptr).to(torch::kFloat);
+          auto diff = out - trace.layer_out[l].to(torch::kFloat);
+          loss = loss + (o.stage2_loss == "l2" ? diff.norm() : diff.pow(2).mean());
+        }
+        return loss;
+      };
+    } else {
+      step = [&](const torch::Tensor& batch) {
+        auto x = batch.narrow(1, 0, o.seq_len), y = batch.narrow(1, 1, o.seq_len);
+        torch::Tensor t_logits;
+        teacher_trace(teacher, x, &t_logits);
+        auto s_logits = student->forward(x);
+        return stage3_loss(o, s_logits, t_logits, y);
+      };
+    }
+    auto trainable = params_with_prefix(*student, prefixes);
+    if (!o.loop.quiet)
+      std::cerr << "[" << loop.name << "] " << loop.steps << " steps of " << loop.batch << " x " << o.seq_len
+                << " tokens, lr " << loop.schedule.lr << " (" << loop.schedule.kind << "), "
+                << trainable.size() << " trainable tensors\n";
+    auto r = run_training(*student, trainable, *loaders[s], step, loop);
+    for (auto& p : student->parameters()) p.set_requires_grad(true);
+    result.final_loss.push_back(r.last_loss);
+    if (!r.finished) return result;  // stopped early (testing aid)
+  }
+  student->eval();
+  save_student(student, spec, o.out, o.teacher);
+  result.finished = true;
+  if (!o.loop.quiet) std::cerr << "[distill] wrote student " << o.out << "\n";
+  return result;
+}
+
+}  // namespace linearize

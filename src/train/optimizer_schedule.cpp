@@ -1,0 +1,58 @@
+#include "train/optimizer_schedule.h"
+
+#include <cmath>
+
+#include "io/error.h"
+
+namespace linearize {
+
+void check_schedule_kind(const std::string& kind) {
+  if (kind != "wsd" && kind != "cosine" && kind != "linear" && kind != "constant")
+    throw Error("unknown learning-rate schedule \"" + kind + "\" (expected wsd, cosine, linear or constant)");
+}
+
+double Schedule::at(int64_t step) const {
+  const double total = static_cast<double>(std::max<int64_t>(total_steps, 1));
+  const double warmup = std::floor(warmup_frac * total);
+  const double s = static_cast<double>(step);
+  const double min_lr = min_lr_frac * lr;
+  if (warmup > 0 && s < warmup) return lr * (s + 1) / warmup;
+  if (kind == "constant") return lr;
+  if (kind == "wsd") {
+    const double decay_start = total - std::floor(decay_frac * total);
+    if (s < decay_start) return lr;
+    const double p = (s - decay_start + 1) / std::max(1.0, total - decay_start);
+    return lr + (min_lr - lr) * std::min(1.0, p);
+  }
+  const double p = std::min(1.0, (s - warmup + 1) / std::max(1.0, total - warmup));
+  if (kind == "linear") return lr + (min_lr - lr) * p;
+  if (kind == "cosine") return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * p));
+  check_schedule_kind(kind);
+  return lr;
+}
+
+std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                                const OptimizerOptions& o, double lr) {
+  std::vector<torch::Tensor> decay, no_decay;
+  auto ends_with = [](const std::string& s, const std::string& suf) {
+    return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+  };
+  for (const auto& [name, p] : params) {
+    if (!p.requires_grad()) continue;
+    const bool skip = p.dim() < 2 || ends_with(name, "bias") || ends_with(name, "A_log") || ends_with(name, "dt_bias");
+    (skip ? no_decay : decay).push_back(p);
+  }
+  auto base = torch::optim::AdamWOptions(lr).betas({o.beta1, o.beta2}).eps(o.eps);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(base).weight_decay(o.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(base).weight_decay(0.0)));
+  return std::make_unique<torch::optim::AdamW>(groups, base);
+}
+
+void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
+  for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+}
+
+}  // namespace linearize

@@ -1,0 +1,40 @@
+// AdamW with the usual two parameter groups (weight decay on matrices; none on norms, biases and
+// gate parameters such as A_log and dt_bias) and the learning-rate schedules of the pipeline:
+//   wsd       linear warmup, constant, linear decay over the last `decay_frac` of the steps
+//   cosine    linear warmup, cosine decay to min_lr_frac * lr
+//   linear    linear warmup, linear decay to min_lr_frac * lr
+//   constant  linear warmup, then constant (the study's stage 2)
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace linearize {
+
+struct Schedule {
+  std::string kind = "wsd";
+  double lr = 3e-4;
+  double warmup_frac = 0.1;
+  double decay_frac = 0.2;  // wsd only
+  double min_lr_frac = 0.0;
+  int64_t total_steps = 1;
+  // Learning rate for 0-based step `step` (the LR the optimizer uses for that step).
+  double at(int64_t step) const;
+};
+
+void check_schedule_kind(const std::string& kind);
+
+struct OptimizerOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// Parameters whose name ends in "bias", "A_log", "dt_bias", or which are 1-D (norm weights) get no
+// weight decay.
+std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                                const OptimizerOptions& options, double lr);
+
+void set_learning_rate(torch::optim::Optimizer& opt, double lr);
+
+}  // namespace linearize

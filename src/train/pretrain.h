@@ -1,0 +1,27 @@
+// Pretraining a Llama teacher from scratch with next-token cross-entropy: for settings without a
+// pretrained teacher (the demo, tests, our own small experiments). Writes a Hugging Face Llama folder
+// (config.json, model.safetensors, the tokenizer files) that any Llama loader reads.
+#pragma once
+#include <string>
+
+#include "io/hf_config.h"
+#include "train/trainer.h"
+
+namespace linearize {
+
+struct PretrainOptions {
+  std::string tokenizer;  // folder or file
+  std::string data;       // .u32 shard (or .txt/.jsonl, tokenized on the fly)
+  std::string out;        // model folder to write
+  int64_t hidden = 256, layers = 4, heads = 4, kv_heads = 2, intermediate = 0;  // 0: 8/3 hidden, rounded to 32
+  double rope_theta = 10000;
+  int64_t seq_len = 256;
+  int64_t tokens = 0;  // total training tokens; sets steps when > 0
+  double init_std = 0.02;
+  TrainLoopOptions loop;  // steps, batch, lr (schedule), device, resume, ...
+};
+
+// Returns the final training loss.
+double pretrain(const PretrainOptions& options);
+
+}  // namespace linearize

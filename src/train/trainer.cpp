@@ -1,0 +1,143 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "io/error.h"
+#include "train/checkpoint.h"
+
+namespace linearize {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(seconds + 0.5);
+  std::ostringstream o;
+  if (s >= 3600) o << s / 3600 << "h" << std::setw(2) << std::setfill('0') << (s % 3600) / 60 << "m";
+  else if (s >= 60) o << s / 60 << "m" << std::setw(2) << std::setfill('0') << s % 60 << "s";
+  else o << s << "s";
+  return o.str();
+}
+
+// Keeps only the lines of metrics.jsonl that precede `step` of stage `name` (lines written after the
+// checkpoint by a run that was then killed), so a resumed run's log has every step once.
+void truncate_metrics(const std::string& run_dir, const std::string& name, int64_t step) {
+  const fs::path p = fs::path(run_dir) / "metrics.jsonl";
+  if (!fs::exists(p)) return;
+  std::ifstream in(p);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      auto j = nlohmann::json::parse(line);
+      if (j.value("stage", "") == name && j.value("step", int64_t{0}) > step) continue;
+    } catch (...) {
+      continue;  // a torn last line from a killed run
+    }
+    kept += line + "\n";
+  }
+  in.close();
+  std::ofstream(p, std::ios::trunc) << kept;
+}
+
+}  // namespace
+
+void append_metrics(const std::string& run_dir, const nlohmann::json& record) {
+  if (run_dir.empty()) return;
+  fs::create_directories(run_dir);
+  std::ofstream out(fs::path(run_dir) / "metrics.jsonl", std::ios::app);
+  out << record.dump() << "\n";
+}
+
+TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& trainable,
+                         WindowLoader& loader, const StepFn& step_fn, const TrainLoopOptions& o) {
+  if (o.steps < 1) throw Error(o.name + ": the number of steps must be positive (more tokens or a smaller batch?)");
+  if (o.grad_accum < 1 || o.batch % o.grad_accum != 0)
+    throw Error(o.name + ": batch " + std::to_string(o.batch) + " is not divisible by grad_accum " +
+                std::to_string(o.grad_accum));
+  const int64_t micro = o.batch / o.grad_accum;
+  auto optimizer = make_adamw(trainable, o.optimizer, o.schedule.lr);
+  Schedule schedule = o.schedule;
+  schedule.total_steps = o.steps;
+  std::vector<torch::Tensor> params;
+  for (const auto& [n, p] : trainable)
+    if (p.requires_grad()) params.push_back(p);
+
+  const std::string ckpt = o.run_dir.empty() ? "" : (fs::path(o.run_dir) / ("checkpoint-" + o.name)).string();
+  int64_t start = 0;
+  TrainResult result;
+  if (o.resume && !ckpt.empty() && checkpoint_exists(ckpt)) {
+    auto state = load_checkpoint(ckpt, module, *optimizer);
+    start = state.at("step").get<int64_t>();
+    loader.set_position({state.at("loader_epoch").get<int64_t>(), state.at("loader_index").get<int64_t>()});
+    result.last_loss = state.value("loss", 0.0);
+    truncate_metrics(o.run_dir, o.name, start);
+    if (!o.quiet) std::cerr << "[" << o.name << "] resumed from " << ckpt << " at step " << start << "\n";
+    if (state.value("finished", false) || start >= o.steps) {
+      result.steps_done = start;
+      result.finished = true;
+      return result;
+    }
+  }
+
+  auto save = [&](int64_t step_done, double loss, bool finished) {
+    if (ckpt.empty()) return;
+    const auto pos = loader.position();
+    save_checkpoint(ckpt, module, *optimizer,
+                    {{"stage", o.name}, {"step", step_done}, {"loss", loss}, {"loader_epoch", pos.epoch},
+                     {"loader_index", pos.index}, {"seed", o.seed}, {"finished", finished}, {"steps", o.steps}});
+  };
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t tokens_per_step = o.batch * loader.seq_len();
+  for (int64_t s = start; s < o.steps; ++s) {
+    const double lr = schedule.at(s);
+    set_learning_rate(*optimizer, lr);
+    optimizer->zero_grad();
+    double loss_sum = 0;
+    for (int64_t a = 0; a < o.grad_accum; ++a) {
+      auto batch = loader.next(micro, o.device);
+      auto loss = step_fn(batch);
+      if (!std::isfinite(loss.item<double>()))
+        throw Error(o.name + ": loss became " + std::to_string(loss.item<double>()) + " at step " +
+                    std::to_string(s + 1) + " (lower the learning rate?)");
+      (loss / static_cast<double>(o.grad_accum)).backward();
+      loss_sum += loss.item<double>();
+    }
+    double grad_norm = 0;
+    if (o.clip > 0 && !params.empty()) grad_norm = torch::nn::utils::clip_grad_norm_(params, o.clip);
+    optimizer->step();
+    const double loss = loss_sum / static_cast<double>(o.grad_accum);
+    result.last_loss = loss;
+    const int64_t done = s + 1;
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double tok_s = static_cast<double>((done - start) * tokens_per_step) / std::max(elapsed, 1e-9);
+    append_metrics(o.run_dir, {{"stage", o.name}, {"step", done}, {"loss", loss}, {"lr", lr},
+                               {"grad_norm", grad_norm}, {"tokens", done * tokens_per_step},
+                               {"tokens_per_s", tok_s}, {"elapsed_s", elapsed}});
+    if (!o.quiet && (done % std::max<int64_t>(o.log_every, 1) == 0 || done == o.steps || done == start + 1)) {
+      const double eta = elapsed / static_cast<double>(done - start) * static_cast<double>(o.steps - done);
+      std::cerr << "[" << o.name << "] step " << done << "/" << o.steps << "  loss " << std::setprecision(5)
+                << loss << "  lr " << std::setprecision(3) << lr << "  " << static_cast<int64_t>(tok_s)
+                << " tok/s  ETA " << format_duration(eta) << "\n";
+    }
+    const bool last = done == o.steps;
+    if (last || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0)) save(done, loss, last);
+    if (o.stop_after > 0 && done == o.stop_after && !last) {
+      result.steps_done = done;
+      return result;
+    }
+  }
+  result.steps_done = o.steps;
+  result.finished = true;
+  return result;
+}
+
+}  // namespace linearize

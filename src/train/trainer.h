@@ -1,0 +1,54 @@
+// The training loop shared by pretraining, the three distillation stages and SFT: batches from a
+// WindowLoader, gradient accumulation, clipping, the LR schedule, a progress line on stderr,
+// metrics.jsonl, atomic checkpoints and exact resume.
+//
+// What a step computes is the caller's StepFn: given a micro-batch [b, seq_len + 1] it returns the
+// scalar loss to differentiate. The loop owns everything else.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "train/data_loader.h"
+#include "train/optimizer_schedule.h"
+
+namespace linearize {
+
+struct TrainLoopOptions {
+  std::string name = "train";  // stage name in logs and the checkpoint folder name
+  int64_t steps = 1;           // optimizer steps
+  int64_t batch = 8;           // sequences per optimizer step
+  int64_t grad_accum = 1;      // micro-batches per step (batch must be divisible by it)
+  double clip = 1.0;           // max global grad norm (<= 0: off)
+  Schedule schedule;
+  OptimizerOptions optimizer;
+  std::string run_dir;         // holds checkpoint-<name>/ and metrics.jsonl
+  int64_t checkpoint_every = 0;  // steps; 0: only at the end of the stage
+  int64_t log_every = 10;
+  bool resume = false;         // continue from checkpoint-<name> when it exists
+  int64_t stop_after = -1;     // testing aid: return right after this step, as if killed then
+                               // (only the scheduled checkpoints have been written)
+  torch::Device device = torch::kCPU;
+  uint64_t seed = 0;
+  bool quiet = false;
+};
+
+struct TrainResult {
+  double last_loss = 0;
+  int64_t steps_done = 0;
+  bool finished = false;  // false when stopped by stop_after
+};
+
+using StepFn = std::function<torch::Tensor(const torch::Tensor& micro_batch)>;
+
+// `module` is what the checkpoint saves and restores (all its parameters); `trainable` are the
+// parameters the optimizer updates (with their names, for the weight-decay groups).
+TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& trainable,
+                         WindowLoader& loader, const StepFn& step, const TrainLoopOptions& options);
+
+// Appends one JSON object per line to run_dir/metrics.jsonl.
+void append_metrics(const std::string& run_dir, const nlohmann::json& record);
+
+}  // namespace linearize
