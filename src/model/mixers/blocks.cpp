@@ -1,0 +1,74 @@
+// Building blocks shared by the mixer layers (see blocks.h).
+#include "model/mixers/blocks.h"
+
+#include <cmath>
+
+namespace linearize::mixers {
+
+ShortConvImpl::ShortConvImpl(int64_t channels, int64_t width_, bool with_bias, bool silu_)
+    : width(width_), silu(silu_) {
+  weight = register_parameter("weight", torch::randn({channels, 1, width}) * 0.02);
+  if (with_bias) bias = register_parameter("bias", torch::zeros({channels}));
+}
+
+void ShortConvImpl::init_identity() {
+  torch::NoGradGuard no_grad;
+  weight.zero_();
+  weight.select(2, width - 1).fill_(1.0);
+  if (bias.defined()) bias.zero_();
+}
+
+torch::Tensor ShortConvImpl::forward(const torch::Tensor& x, const torch::Tensor& cache, torch::Tensor* new_cache) {
+  const int64_t B = x.size(0), C = x.size(2);
+  auto xt = x.transpose(1, 2);  // [B, C, T]
+  auto prefix = cache.defined() ? cache.to(x.scalar_type()) : torch::zeros({B, C, width - 1}, x.options());
+  auto xp = torch::cat({prefix, xt}, 2);  // [B, C, W-1+T]
+  if (new_cache) *new_cache = xp.narrow(2, xp.size(2) - (width - 1), width - 1);  // [B, C, W-1]
+  auto y = torch::conv1d(xp, weight.to(x.scalar_type()), bias.defined() ? bias.to(x.scalar_type()) : torch::Tensor(),
+                         /*stride=*/at::IntArrayRef{1}, /*padding=*/at::IntArrayRef{0},
+                         /*dilation=*/at::IntArrayRef{1}, /*groups=*/C);  // [B, C, T]
+  y = y.transpose(1, 2);  // [B, T, C]
+  return silu ? torch::silu(y) : y;
+}
+
+torch::nn::Sequential low_rank(int64_t in, int64_t rank, int64_t out, bool out_bias) {
+  return torch::nn::Sequential(torch::nn::Linear(torch::nn::LinearOptions(in, rank).bias(false)),
+                               torch::nn::Linear(torch::nn::LinearOptions(rank, out).bias(out_bias)));
+}
+
+torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {
+  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads});
+}
+
+torch::Tensor repeat_heads(const torch::Tensor& x, int64_t groups) {
+  if (groups == 1) return x;
+  const auto B = x.size(0), T = x.size(1), Hkv = x.size(2), D = x.size(3);
+  return x.unsqueeze(3).expand({B, T, Hkv, groups, D}).reshape({B, T, Hkv * groups, D});
+}
+
+void linear_init(torch::nn::Module& m, double std) {
+  torch::NoGradGuard no_grad;
+  for (auto& child : m.modules(/*include_self=*/false)) {  // callable from constructors
+    if (auto* lin = child->as<torch::nn::Linear>()) {
+      lin->weight.normal_(0.0, std);
+      if (lin->bias.defined()) lin->bias.zero_();
+    } else if (auto* conv = child->as<ShortConv>()) {
+      conv->weight.normal_(0.0, std);
+      if (conv->bias.defined()) conv->bias.zero_();
+    }
+  }
+}
+
+torch::Tensor dt_bias_init(int64_t n) {
+  auto dt = torch::exp(torch::rand({n}) * (std::log(1e-1) - std::log(1e-3)) + std::log(1e-3)).clamp_min(1e-4);
+  return dt + torch::log(-torch::expm1(-dt));
+}
+
+torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep& step, const std::string& name) {
+  torch::Tensor cache;
+  auto y = conv->forward(x, step.get(name), step.state ? &cache : nullptr);
+  step.put(name, cache);
+  return y;
+}
+
+}  // namespace linearize::mixers

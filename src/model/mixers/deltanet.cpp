@@ -1,0 +1,63 @@
+// DeltaNet layer (see deltanet.h). Order: parameterisation, recurrent step, chunked form.
+//
+//   q, k = l2(silu(conv(q_proj x))), l2(silu(conv(k_proj x))) [B,T,H,Dk];  v = silu(conv(v_proj x)) [B,T,H,Dv]
+//   β = σ(b_proj x) [B,T,H];  S_t = S_{t-1} + β_t k_t (v_t - S_{t-1}^T k_t)^T;  o_t = S_t^T (s q_t)
+#include "model/mixers/deltanet.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace linearize {
+
+// ---- parameterisation ----------------------------------------------------------------------------
+
+DeltaNet::DeltaNet(const MixerConfig& c) : config(c.resolved()) {
+  const auto& k = config;
+  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim()));
+  k_proj = register_module("k_proj", lin(k.hidden_size, k.key_dim()));
+  v_proj = register_module("v_proj", lin(k.hidden_size, k.value_dim()));
+  if (k.use_beta) b_proj = register_module("b_proj", lin(k.hidden_size, k.num_heads));
+  if (k.use_output_gate) g_proj = register_module("g_proj", lin(k.hidden_size, k.value_dim()));
+  o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size));
+  if (k.use_short_conv) {
+    q_conv1d = register_module("q_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
+    k_conv1d = register_module("k_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
+    v_conv1d = register_module("v_conv1d", mixers::ShortConv(k.value_dim(), k.conv_size, k.conv_bias, true));
+  }
+  o_norm = register_module("o_norm", RMSNorm(k.head_v_dim, k.norm_eps));
+  mixers::linear_init(*this, k.init_std);
+}
+
+torch::Tensor DeltaNet::forward(const torch::Tensor& x, LayerState* state) {
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
+  const mixers::MixerStep step(state, T);
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);  // [B,T,H*Dk], [B,T,H*Dk], [B,T,H*Dv]
+  if (config.use_short_conv) {
+    q = mixers::conv_step(q_conv1d, q, step, "conv_q");
+    k = mixers::conv_step(k_conv1d, k, step, "conv_k");
+    v = mixers::conv_step(v_conv1d, v, step, "conv_v");
+  } else {
+    q = torch::silu(q), k = torch::silu(k), v = torch::silu(v);
+  }
+  q = ops::l2_norm(mixers::split_heads(q, H));  // [B,T,H,Dk]
+  k = ops::l2_norm(mixers::split_heads(k, H));  // [B,T,H,Dk]
+  v = mixers::split_heads(v, H);                // [B,T,H,Dv]
+  auto beta = b_proj ? torch::sigmoid(b_proj(x).to(torch::kFloat))
+                     : torch::ones({B, T, H}, x.options().dtype(torch::kFloat));  // [B,T,H]
+  if (config.allow_neg_eigval) beta = beta * 2;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
+
+  // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
+  auto r = step.decode ? ops::delta_rule_recurrent(q, k, v, beta, {}, step.get("S"), scale)
+                       : ops::delta_rule_chunk(q, k, v, beta, {}, step.get("S"), scale, config.chunk_size);
+  step.put("S", r.state);
+  step.advance(T);
+
+  auto o = o_norm(r.o);  // [B,T,H,Dv]
+  if (g_proj) o = o * torch::silu(mixers::split_heads(g_proj(x), H));
+  return o_proj(o.reshape({B, T, H * config.head_v_dim}));
+}
+
+}  // namespace linearize

@@ -1,0 +1,90 @@
+// make_mixer and init_mixer_from_teacher (see factory.h).
+#include "model/mixers/factory.h"
+
+#include <sstream>
+
+#include "io/error.h"
+#include "model/mixers/blocks.h"
+#include "model/mixers/deltanet.h"
+#include "model/mixers/gated_deltanet.h"
+#include "model/mixers/gla.h"
+#include "model/mixers/kda.h"
+#include "model/mixers/linear_attention.h"
+#include "model/mixers/mlstm.h"
+#include "model/mixers/retnet.h"
+
+namespace linearize {
+
+std::shared_ptr<TokenMixer> make_mixer(const MixerConfig& config) {
+  const auto& k = config.kind;
+  if (k == "linear_attention") return std::make_shared<LinearAttention>(config);
+  if (k == "retnet") return std::make_shared<RetNet>(config);
+  if (k == "gla") return std::make_shared<GLA>(config);
+  if (k == "deltanet") return std::make_shared<DeltaNet>(config);
+  if (k == "gated_deltanet") return std::make_shared<GatedDeltaNet>(config);
+  if (k == "kda") return std::make_shared<KDA>(config);
+  if (k == "mlstm") return std::make_shared<MLSTM>(config);
+  config.resolved();  // throws listing the valid kinds
+  throw Error("make_mixer: unknown mixer kind '" + k + "'");
+}
+
+namespace {
+
+std::string shape_str(const torch::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+// [Hkv*d, in] -> [Hkv*G*d, in]: row block of head h = row block of KV head h / G.
+torch::Tensor repeat_kv_rows(const torch::Tensor& w, int64_t kv_heads, int64_t groups) {
+  const int64_t d = w.size(0) / kv_heads;
+  return w.reshape({kv_heads, 1, d, w.size(1)}).expand({kv_heads, groups, d, w.size(1)}).reshape({kv_heads * groups * d, w.size(1)});
+}
+
+}  // namespace
+
+std::vector<std::string> init_mixer_from_teacher(TokenMixer& mixer, const LlamaAttention& teacher,
+                                                 const MixerConfig& config) {
+  std::vector<std::string> notes;
+  auto params = mixer.named_parameters(/*recurse=*/true);
+  const bool xlstm = config.kind == "mlstm";
+  const std::string qn = xlstm ? "q" : "q_proj", kn = xlstm ? "k" : "k_proj", vn = xlstm ? "v" : "v_proj",
+                    on = xlstm ? "out_proj" : "o_proj";
+  const int64_t groups = teacher.num_heads / teacher.num_kv_heads;
+  torch::NoGradGuard no_grad;
+
+  auto copy = [&](const std::string& name, const torch::Tensor& src, bool kv) {
+    auto* dst = params.find(name + ".weight");
+    if (!dst) {
+      notes.push_back("left fresh " + name + ": the mixer has no " + name + ".weight");
+      return;
+    }
+    if (dst->sizes() == src.sizes()) {
+      dst->copy_(src);
+      notes.push_back("copied " + name + ".weight " + shape_str(src));
+    } else if (kv && groups > 1 && dst->sizes() == repeat_kv_rows(src, teacher.num_kv_heads, groups).sizes()) {
+      dst->copy_(repeat_kv_rows(src, teacher.num_kv_heads, groups));
+      notes.push_back("copied " + name + ".weight " + shape_str(*dst) + " (each of the teacher's " +
+                      std::to_string(teacher.num_kv_heads) + " KV heads repeated x" + std::to_string(groups) + ")");
+    } else {
+      notes.push_back("left fresh " + name + ".weight: student " + shape_str(*dst) + " vs teacher " + shape_str(src));
+    }
+  };
+  copy(qn, teacher.q_proj->weight, false);
+  copy(kn, teacher.k_proj->weight, true);
+  copy(vn, teacher.v_proj->weight, true);
+  copy(on, teacher.o_proj->weight, false);
+  if (teacher.q_proj->bias.defined() || teacher.o_proj->bias.defined())
+    notes.push_back("not copied: the teacher's attention biases (the mixers have none)");
+
+  for (const auto& item : mixer.named_modules("", /*include_self=*/false)) {
+    if (auto* conv = item.value()->as<mixers::ShortConvImpl>()) {
+      conv->init_identity();
+      notes.push_back("identity init " + item.key());
+    }
+  }
+  return notes;
+}
+
+}  // namespace linearize

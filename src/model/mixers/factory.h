@@ -1,0 +1,34 @@
+// Building a student mixer from its config, and starting it from a teacher's attention layer.
+//
+// init_mixer_from_teacher (spec §11, DESIGN.md "The pipeline"):
+//   q_proj and o_proj are copied; k_proj and v_proj are copied as they are when the student's shape is
+//   the teacher's (native GQA: linear_attention, retnet, gla with num_kv_heads = teacher's), otherwise
+//   after repeating each teacher KV head to the query heads that share it: rows of student head h =
+//   rows of teacher KV head h / (H / Hkv) (blocks of head_dim rows; HF repeat_kv order). mLSTM names
+//   them q, k, v, out_proj. Short convolutions get the identity init (last tap 1), so the teacher's
+//   q, k, v pass through them (spec §11 "Choices"; the silu remains). RoPE is dropped (RetNet keeps its
+//   own rotary, base = config.rope_theta). Everything else keeps its fresh init.
+//   A projection whose shape matches neither form is left fresh; the returned notes say which, and what
+//   was copied.
+// Not done here: embeddings, norms and MLP (the model-level conversion copies those).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "model/mixers/mixer_config.h"
+#include "model/token_mixer.h"
+
+namespace linearize {
+
+std::shared_ptr<TokenMixer> make_mixer(const MixerConfig& config);
+
+// mixer_kinds() is declared in mixer_config.h.
+
+// Returns one line per projection: "copied q_proj.weight", "copied k_proj.weight (KV heads repeated x3)",
+// "left fresh k_proj.weight: student [..] vs teacher [..]".
+std::vector<std::string> init_mixer_from_teacher(TokenMixer& mixer, const LlamaAttention& teacher,
+                                                 const MixerConfig& config);
+
+}  // namespace linearize

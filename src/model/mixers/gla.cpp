@@ -1,0 +1,62 @@
+// GLA layer (see gla.h). Order: parameterisation, recurrent step, chunked form.
+//
+//   q [B,T,H,Dk];  k, gk repeated from Hkv to H heads [B,T,H,Dk];  v [B,T,H,Dv]
+//   g = logsigmoid(gk) / normalizer (fp32);  S_t = Diag(e^{g_t}) S_{t-1} + k_t v_t^T;  o_t = S_t^T (s q_t)
+//   y = o_proj(g_norm(o) ⊙ swish(g_proj x))
+#include "model/mixers/gla.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace linearize {
+
+// ---- parameterisation ----------------------------------------------------------------------------
+
+GLA::GLA(const MixerConfig& c) : config(c.resolved()) {
+  const auto& k = config;
+  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim()));
+  k_proj = register_module("k_proj", lin(k.hidden_size, k.kv_heads() * k.head_k_dim));
+  v_proj = register_module("v_proj", lin(k.hidden_size, k.kv_heads() * k.head_v_dim));
+  gk_proj = register_module("gk_proj", mixers::low_rank(k.hidden_size, k.gate_low_rank_dim,
+                                                        k.kv_heads() * k.head_k_dim, /*out_bias=*/true));
+  if (k.use_output_gate) g_proj = register_module("g_proj", lin(k.hidden_size, k.value_dim()));
+  o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size));
+  if (k.use_short_conv) {
+    q_conv1d = register_module("q_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
+    k_conv1d = register_module("k_conv1d", mixers::ShortConv(k.kv_heads() * k.head_k_dim, k.conv_size, k.conv_bias, true));
+    v_conv1d = register_module("v_conv1d", mixers::ShortConv(k.kv_heads() * k.head_v_dim, k.conv_size, k.conv_bias, true));
+  }
+  g_norm = register_module("g_norm", RMSNorm(k.head_v_dim, k.norm_eps));
+  mixers::linear_init(*this, k.init_std);
+}
+
+torch::Tensor GLA::forward(const torch::Tensor& x, LayerState* state) {
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, Hkv = config.kv_heads(), G = H / Hkv;
+  const mixers::MixerStep step(state, T);
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);  // [B,T,H*Dk], [B,T,Hkv*Dk], [B,T,Hkv*Dv]
+  if (config.use_short_conv) {
+    q = mixers::conv_step(q_conv1d, q, step, "conv_q");
+    k = mixers::conv_step(k_conv1d, k, step, "conv_k");
+    v = mixers::conv_step(v_conv1d, v, step, "conv_v");
+  }
+  q = mixers::split_heads(q, H);                                   // [B,T,H,Dk]
+  k = mixers::repeat_heads(mixers::split_heads(k, Hkv), G);        // [B,T,H,Dk]
+  v = mixers::repeat_heads(mixers::split_heads(v, Hkv), G);        // [B,T,H,Dv]
+  auto gk = mixers::repeat_heads(mixers::split_heads(gk_proj->forward(x), Hkv), G);  // [B,T,H,Dk]
+  auto g = torch::log_sigmoid(gk.to(torch::kFloat)) / config.gate_logit_normalizer;  // [B,T,H,Dk] fp32
+  const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
+
+  // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
+  auto r = step.decode ? ops::gla_recurrent(q, k, v, g, step.get("S"), scale)
+                       : ops::gla_chunk(q, k, v, g, step.get("S"), scale, config.chunk_size);
+  step.put("S", r.state);
+  step.advance(T);
+
+  auto o = g_norm(r.o);  // [B,T,H,Dv]
+  if (g_proj) o = o * torch::silu(mixers::split_heads(g_proj(x), H));
+  return o_proj(o.reshape({B, T, H * config.head_v_dim}));
+}
+
+}  // namespace linearize

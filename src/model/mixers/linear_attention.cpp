@@ -1,0 +1,81 @@
+// Linear Attention layer (see linear_attention.h). Order: parameterisation, recurrent step, chunked form.
+//
+//   q = φ_q(split(q_proj x)) [B,T,H,Kf];  k = φ_k(repeat(split(k_proj x))) [B,T,H,Kf];  v [B,T,H,Dv]
+//   S_t = S_{t-1} + k_t v_t^T;  o_t = S_t^T (s q_t);  y = o_proj(norm(o))
+#include "model/mixers/linear_attention.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace linearize {
+
+// ---- parameterisation ----------------------------------------------------------------------------
+
+FeatureMapImpl::FeatureMapImpl(const std::string& kind_, int64_t dim_) : kind(kind_), dim(dim_) {
+  auto lin = [&](bool bias) { return torch::nn::Linear(torch::nn::LinearOptions(dim, dim).bias(bias)); };
+  if (kind == "elementwise_product") {
+    layer1 = register_module("layer1", lin(true));
+    layer2 = register_module("layer2", lin(true));
+  } else if (kind == "hedgehog") {
+    layer = register_module("layer", lin(true));
+  } else if (kind == "t2r") {
+    layer = register_module("layer", lin(false));
+  }
+  reset_init(0.02);
+}
+
+void FeatureMapImpl::reset_init(double std) {
+  mixers::linear_init(*this, std);
+  if (kind == "hedgehog") {
+    torch::NoGradGuard no_grad;
+    layer->weight.copy_(torch::eye(dim));
+  }
+}
+
+torch::Tensor FeatureMapImpl::forward(const torch::Tensor& x) {
+  if (kind == "elementwise_product") return layer1(x) * layer2(x);
+  if (kind == "hedgehog") {
+    auto y = layer(x);
+    return torch::softmax(torch::cat({2 * y, -2 * y}, -1), -1);
+  }
+  if (kind == "t2r") return torch::relu(layer(x));
+  if (kind == "elu") return torch::elu(x) + 1;
+  if (kind == "relu") return torch::relu(x);
+  return x;  // identity
+}
+
+LinearAttention::LinearAttention(const MixerConfig& c) : config(c.resolved()) {
+  const auto& k = config;
+  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim()));
+  k_proj = register_module("k_proj", lin(k.hidden_size, k.kv_heads() * k.head_k_dim));
+  v_proj = register_module("v_proj", lin(k.hidden_size, k.kv_heads() * k.head_v_dim));
+  o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size));
+  mixers::linear_init(*this, k.init_std);
+  feature_map_q = register_module("feature_map_q", FeatureMap(k.feature_map, k.head_k_dim));
+  feature_map_k = register_module("feature_map_k", FeatureMap(k.feature_map, k.head_k_dim));
+  feature_map_q->reset_init(k.init_std);
+  feature_map_k->reset_init(k.init_std);
+  if (k.use_output_norm) norm = register_module("norm", RMSNorm(k.head_v_dim, k.norm_eps));
+}
+
+torch::Tensor LinearAttention::forward(const torch::Tensor& x, LayerState* state) {
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, G = H / config.kv_heads();
+  const mixers::MixerStep step(state, T);
+  auto q = feature_map_q(mixers::split_heads(q_proj(x), H));                                       // [B,T,H,Kf]
+  auto k = feature_map_k(mixers::repeat_heads(mixers::split_heads(k_proj(x), config.kv_heads()), G));  // [B,T,H,Kf]
+  auto v = mixers::repeat_heads(mixers::split_heads(v_proj(x), config.kv_heads()), G);                 // [B,T,H,Dv]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+
+  // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
+  auto r = step.decode ? ops::gla_recurrent(q, k, v, {}, step.get("S"), scale)
+                       : ops::gla_chunk(q, k, v, {}, step.get("S"), scale, config.chunk_size);
+  step.put("S", r.state);
+  step.advance(T);
+
+  auto o = norm ? norm(r.o) : r.o;  // [B,T,H,Dv]
+  return o_proj(o.reshape({B, T, H * config.head_v_dim}));
+}
+
+}  // namespace linearize

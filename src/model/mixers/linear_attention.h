@@ -1,0 +1,46 @@
+// Linear Attention (fla LinearAttention; spec §1): S_t = S_{t-1} + φ(k_t) v_t^T,  o_t = S_t^T (s φ(q_t)),
+// s = (feature dim)^-1/2; then a per-head RMSNorm (optional) and o_proj. No decay, no conv, no RoPE.
+//
+// Parameters (fla names): q_proj [H*Dk, hidden], k_proj / v_proj [Hkv*D, hidden] (native GQA: KV head
+// j serves heads j*G .. j*G+G-1), o_proj [hidden, H*Dv], feature_map_q / feature_map_k (see
+// FeatureMap), norm.weight [Dv] when use_output_norm.
+// State: "S" [B, H, Kf, Dv] fp32.
+// Not done: fla's tie_feature_map_qk, norm_q / norm_k sum-normalisation, do_feature_map_norm, dpfp.
+#pragma once
+#include "model/llama.h"
+#include "model/mixers/blocks.h"
+#include "model/mixers/mixer_config.h"
+#include "model/token_mixer.h"
+
+namespace linearize {
+
+// Per-head feature map on the last dim (fla's modules and parameter names):
+//   elementwise_product  (W1 x + b1) ⊙ (W2 x + b2)          layer1, layer2: Linear(D, D) with bias
+//   hedgehog             softmax([2 W x + 2b, -2 W x - 2b])  layer: Linear(D, D), identity init; 2D features
+//   t2r                  relu(W x)                           layer: Linear(D, D), no bias
+//   elu                  elu(x) + 1;   relu;   identity      no parameters
+class FeatureMapImpl : public torch::nn::Module {
+ public:
+  FeatureMapImpl(const std::string& kind, int64_t dim);
+  torch::Tensor forward(const torch::Tensor& x);
+  int64_t out_dim() const { return kind == "hedgehog" ? 2 * dim : dim; }
+  void reset_init(double std);  // N(0, std) linear weights; hedgehog: identity
+  std::string kind;
+  int64_t dim;
+  torch::nn::Linear layer1{nullptr}, layer2{nullptr}, layer{nullptr};
+};
+TORCH_MODULE(FeatureMap);
+
+class LinearAttention : public TokenMixer {
+ public:
+  explicit LinearAttention(const MixerConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, LayerState* state) override;
+  std::string kind() const override { return "linear_attention"; }
+
+  MixerConfig config;
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  FeatureMap feature_map_q{nullptr}, feature_map_k{nullptr};
+  RMSNorm norm{nullptr};  // null without output norm
+};
+
+}  // namespace linearize

@@ -1,0 +1,182 @@
+// MixerConfig: defaults per kind, validation, JSON round trip and the teacher presets (see the header).
+#include "model/mixers/mixer_config.h"
+
+#include <algorithm>
+
+#include "io/error.h"
+
+namespace linearize {
+
+namespace {
+
+std::string join(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& n) {
+  return std::find(names.begin(), names.end(), n) != names.end();
+}
+
+void check_kind(const std::string& kind) {
+  if (!contains(mixer_kinds(), kind))
+    throw Error("unknown mixer kind '" + kind + "'; expected one of: " + join(mixer_kinds()));
+}
+
+const std::vector<std::string> kFeatureMaps = {"elementwise_product", "hedgehog", "t2r", "elu", "relu", "identity"};
+const std::vector<std::string> kKdaGateModes = {"multiply", "add_in_norm"};
+
+}  // namespace
+
+std::vector<std::string> mixer_kinds() {
+  return {"linear_attention", "retnet", "gla", "deltanet", "gated_deltanet", "kda", "mlstm"};
+}
+
+std::vector<std::string> mixer_presets() { return {"default", "paper"}; }
+
+MixerConfig MixerConfig::defaults_for(const std::string& kind) {
+  check_kind(kind);
+  MixerConfig c;
+  c.kind = kind;
+  const bool delta = kind == "deltanet" || kind == "gated_deltanet" || kind == "kda";
+  c.use_short_conv = delta;
+  c.use_output_gate = kind != "linear_attention" && kind != "deltanet";
+  return c;
+}
+
+MixerConfig& MixerConfig::resolve() {
+  check_kind(kind);
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) throw Error("mixer config (" + kind + "): " + what);
+  };
+  need(hidden_size > 0, "hidden_size must be > 0, found " + std::to_string(hidden_size));
+  need(num_heads > 0, "num_heads must be > 0, found " + std::to_string(num_heads));
+  if (head_k_dim == 0 || head_v_dim == 0)
+    need(hidden_size % num_heads == 0, "hidden_size " + std::to_string(hidden_size) +
+                                           " is not divisible by num_heads " + std::to_string(num_heads) +
+                                           "; give head_k_dim and head_v_dim");
+  if (head_k_dim == 0) head_k_dim = hidden_size / num_heads;
+  if (head_v_dim == 0) head_v_dim = hidden_size / num_heads;
+  if (num_kv_heads == 0) num_kv_heads = num_heads;
+  const bool native_gqa = kind == "linear_attention" || kind == "retnet" || kind == "gla";
+  need(num_heads % num_kv_heads == 0, "num_heads " + std::to_string(num_heads) +
+                                          " is not a multiple of num_kv_heads " + std::to_string(num_kv_heads));
+  need(native_gqa || num_kv_heads == num_heads,
+       "num_kv_heads (" + std::to_string(num_kv_heads) + ") must equal num_heads (" + std::to_string(num_heads) +
+           "): only linear_attention, retnet and gla share KV heads natively");
+  need(conv_size >= 1, "conv_size must be >= 1");
+  need(chunk_size >= 1, "chunk_size must be >= 1");
+  need(!(use_short_conv && (kind == "linear_attention" || kind == "mlstm")),
+       "use_short_conv is not available for " + kind);
+  need(!(use_output_gate && kind == "linear_attention"), "use_output_gate is not available for linear_attention");
+  need(use_output_norm || kind == "linear_attention", "use_output_norm=false is only available for linear_attention");
+  need(contains(kFeatureMaps, feature_map),
+       "unknown feature_map '" + feature_map + "'; expected one of: " + join(kFeatureMaps));
+  need(contains(kKdaGateModes, kda_gate_mode),
+       "unknown kda_gate_mode '" + kda_gate_mode + "'; expected one of: " + join(kKdaGateModes));
+  if (kind == "retnet") need(head_k_dim % 2 == 0, "retnet needs an even head_k_dim for the rotary embedding");
+  return *this;
+}
+
+nlohmann::json MixerConfig::to_json() const {
+  return {{"kind", kind},
+          {"hidden_size", hidden_size},
+          {"num_heads", num_heads},
+          {"num_kv_heads", num_kv_heads},
+          {"head_k_dim", head_k_dim},
+          {"head_v_dim", head_v_dim},
+          {"use_short_conv", use_short_conv},
+          {"conv_size", conv_size},
+          {"conv_bias", conv_bias},
+          {"use_output_gate", use_output_gate},
+          {"use_output_norm", use_output_norm},
+          {"feature_map", feature_map},
+          {"norm_eps", norm_eps},
+          {"rope_theta", rope_theta},
+          {"gate_logit_normalizer", gate_logit_normalizer},
+          {"gate_low_rank_dim", gate_low_rank_dim},
+          {"use_beta", use_beta},
+          {"allow_neg_eigval", allow_neg_eigval},
+          {"kda_gate_mode", kda_gate_mode},
+          {"chunk_size", chunk_size},
+          {"mlstm_gate_soft_cap", mlstm_gate_soft_cap},
+          {"mlstm_igate_bias_init", mlstm_igate_bias_init},
+          {"mlstm_fgate_bias_min", mlstm_fgate_bias_min},
+          {"mlstm_fgate_bias_max", mlstm_fgate_bias_max},
+          {"mlstm_norm_eps", mlstm_norm_eps},
+          {"mlstm_eps", mlstm_eps},
+          {"init_std", init_std}};
+}
+
+MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
+  if (!j.is_object()) throw Error("mixer config: expected a JSON object, found " + std::string(j.type_name()));
+  if (!j.contains("kind")) throw Error("mixer config: missing key 'kind'; expected one of: " + join(mixer_kinds()));
+  MixerConfig c = defaults_for(j.at("kind").get<std::string>());
+  for (const auto& [key, value] : j.items()) {
+    try {
+      if (key == "kind") continue;
+      else if (key == "hidden_size") c.hidden_size = value.get<int64_t>();
+      else if (key == "num_heads") c.num_heads = value.get<int64_t>();
+      else if (key == "num_kv_heads") c.num_kv_heads = value.is_null() ? 0 : value.get<int64_t>();
+      else if (key == "head_k_dim") c.head_k_dim = value.get<int64_t>();
+      else if (key == "head_v_dim") c.head_v_dim = value.get<int64_t>();
+      else if (key == "use_short_conv") c.use_short_conv = value.get<bool>();
+      else if (key == "conv_size") c.conv_size = value.get<int64_t>();
+      else if (key == "conv_bias") c.conv_bias = value.get<bool>();
+      else if (key == "use_output_gate") c.use_output_gate = value.get<bool>();
+      else if (key == "use_output_norm") c.use_output_norm = value.get<bool>();
+      else if (key == "feature_map") c.feature_map = value.get<std::string>();
+      else if (key == "norm_eps") c.norm_eps = value.get<double>();
+      else if (key == "rope_theta") c.rope_theta = value.get<double>();
+      else if (key == "gate_logit_normalizer") c.gate_logit_normalizer = value.get<double>();
+      else if (key == "gate_low_rank_dim") c.gate_low_rank_dim = value.get<int64_t>();
+      else if (key == "use_beta") c.use_beta = value.get<bool>();
+      else if (key == "allow_neg_eigval") c.allow_neg_eigval = value.get<bool>();
+      else if (key == "kda_gate_mode") c.kda_gate_mode = value.get<std::string>();
+      else if (key == "chunk_size") c.chunk_size = value.get<int64_t>();
+      else if (key == "mlstm_gate_soft_cap") c.mlstm_gate_soft_cap = value.get<double>();
+      else if (key == "mlstm_igate_bias_init") c.mlstm_igate_bias_init = value.get<double>();
+      else if (key == "mlstm_fgate_bias_min") c.mlstm_fgate_bias_min = value.get<double>();
+      else if (key == "mlstm_fgate_bias_max") c.mlstm_fgate_bias_max = value.get<double>();
+      else if (key == "mlstm_norm_eps") c.mlstm_norm_eps = value.get<double>();
+      else if (key == "mlstm_eps") c.mlstm_eps = value.get<double>();
+      else if (key == "init_std") c.init_std = value.get<double>();
+      else
+        throw Error("mixer config: unknown key '" + key + "' (kind " + c.kind + ")");
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("mixer config: key '" + key + "' has the wrong type (" + value.dump() + "): " + e.what());
+    }
+  }
+  return c.resolve();
+}
+
+MixerConfig mixer_preset(const std::string& kind, const std::string& preset, const LlamaConfig& teacher) {
+  check_kind(kind);
+  if (!contains(mixer_presets(), preset))
+    throw Error("unknown mixer preset '" + preset + "'; expected one of: " + join(mixer_presets()));
+  MixerConfig c = MixerConfig::defaults_for(kind);
+  c.hidden_size = teacher.hidden_size;
+  c.num_heads = teacher.num_attention_heads;
+  c.head_k_dim = c.head_v_dim = teacher.head_dim;
+  const bool native_gqa = kind == "linear_attention" || kind == "retnet" || kind == "gla";
+  c.num_kv_heads = native_gqa ? teacher.num_key_value_heads : teacher.num_attention_heads;
+  c.rope_theta = teacher.rope_theta;
+  if (preset == "paper") {
+    // fla layer defaults: GatedLinearAttention num_heads=4, MultiScaleRetention 8, DeltaNet 4; their
+    // num_kv_heads=None (no GQA); expand_k = expand_v = 1 so the teacher's projections keep their shape.
+    int64_t heads = kind == "gla" ? 4 : kind == "retnet" ? 8 : kind == "deltanet" ? 4 : 0;
+    if (heads > 0) {
+      const int64_t width = teacher.num_attention_heads * teacher.head_dim;
+      if (width % heads != 0)
+        throw Error("preset paper: the teacher's attention width " + std::to_string(width) +
+                    " is not divisible by fla's default " + std::to_string(heads) + " heads for " + kind);
+      c.num_heads = c.num_kv_heads = heads;
+      c.head_k_dim = c.head_v_dim = width / heads;
+    }
+    if (kind == "kda") c.kda_gate_mode = "add_in_norm";
+  }
+  return c.resolve();
+}
+
+}  // namespace linearize

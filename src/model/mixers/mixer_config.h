@@ -1,0 +1,98 @@
+// Settings of the seven linear-time token mixers, one struct for all of them, plus presets that derive
+// a mixer's shape from a Llama teacher.
+//
+// Field names follow fla's layer arguments where fla has one (hidden_size, num_heads, num_kv_heads,
+// use_short_conv, conv_size, gate_logit_normalizer, gate_low_rank_dim, norm_eps, ...); head sizes are
+// given explicitly (head_k_dim, head_v_dim) instead of fla's expand_k / expand_v / head_dim, because the
+// fla defaults differ per layer (spec pitfall 10) and a linearized student must mirror the teacher.
+// A zero head count or head size means "derive": num_kv_heads 0 = num_heads, head dims 0 =
+// hidden / num_heads.
+//
+// Presets (mixer_preset):
+//   default  the teacher's layout: num_heads = teacher heads, head_k_dim = head_v_dim = teacher head_dim;
+//            GQA kept natively where the mixer has num_kv_heads (linear_attention, retnet, gla);
+//            RetNet rotary base = teacher rope_theta; KDA output gate multiplied: o_norm(o) * sigmoid(g).
+//   paper    as the study ran them: fla's *layer* default head counts for GLA (4), RetNet (8) and
+//            DeltaNet (4), no native GQA for those three (fla's num_kv_heads=None), head size =
+//            hidden / heads and expand_k = expand_v = 1 so the teacher's q/k/v/o still fit; KDA with
+//            the output gate added inside the norm:  y = RMSNorm(o + g) * w,  g = g_proj(x) raw (no
+//            sigmoid). That is what calling fla's plain RMSNorm as o_norm(o, g) computes, since its
+//            second argument is a residual added before normalising. Other mixers as `default`.
+// It does not choose training hyper-parameters; those live with the distillation stages.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "io/hf_config.h"
+
+namespace linearize {
+
+struct MixerConfig {
+  std::string kind = "gated_deltanet";  // linear_attention | retnet | gla | deltanet | gated_deltanet | kda | mlstm
+  int64_t hidden_size = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // 0 = num_heads. Only linear_attention, retnet and gla share KV heads (GQA).
+  int64_t head_k_dim = 0;    // 0 = hidden_size / num_heads
+  int64_t head_v_dim = 0;    // 0 = hidden_size / num_heads
+
+  // Short causal depthwise convolutions on the projected q, k, v (with silu). fla default: on for
+  // deltanet, gated_deltanet, kda; off for retnet, gla; not available for linear_attention, mlstm.
+  bool use_short_conv = false;
+  int64_t conv_size = 4;
+  bool conv_bias = false;
+
+  // Output gate: retnet, gla, gated_deltanet (swish), deltanet (fla use_gate, swish), kda (low rank,
+  // sigmoid), mlstm (ogate_preact, sigmoid, always on). Not available for linear_attention.
+  bool use_output_gate = true;
+  // Output RMSNorm: only linear_attention can turn it off (fla output_norm='identity'); the other
+  // mixers always normalise.
+  bool use_output_norm = true;
+
+  std::string feature_map = "elementwise_product";  // linear_attention: elementwise_product | hedgehog | t2r | elu | relu | identity
+  double norm_eps = 1e-5;                           // per-head RMSNorm eps (fla layer default)
+  double rope_theta = 10000.0;                      // retnet rotary base (fla default 10000)
+  double gate_logit_normalizer = 16.0;              // gla: g = logsigmoid(gk_proj(x)) / normalizer
+  int64_t gate_low_rank_dim = 16;                   // gla: gk_proj rank
+  bool use_beta = true;                             // deltanet: beta = sigmoid(b_proj(x)), else 1
+  bool allow_neg_eigval = false;                    // delta rule family: beta in (0, 2)
+  std::string kda_gate_mode = "multiply";           // kda: multiply = o_norm(o)*sigmoid(g); add_in_norm = RMSNorm(o + g)*w
+  int64_t chunk_size = 64;                          // chunked form's chunk length
+
+  // mLSTM (xLSTM large layer)
+  double mlstm_gate_soft_cap = 15.0;      // i, f pre-activations: cap * tanh(x / cap)
+  double mlstm_igate_bias_init = 0.0;     // spec pitfall 9: 0 (not xLSTM-7B's -10) so |n.q| sets the scale
+  double mlstm_fgate_bias_min = 3.0;      // fgate bias = linspace(min, max, heads)
+  double mlstm_fgate_bias_max = 6.0;
+  double mlstm_norm_eps = 1e-6;           // multi-head LayerNorm eps
+  double mlstm_eps = 1e-6;                // cell denominator eps
+
+  double init_std = 0.02;  // N(0, std) for new linear/conv weights (fla _init_weights)
+
+  // Derived sizes (after resolve()).
+  int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  int64_t key_dim() const { return num_heads * head_k_dim; }
+  int64_t value_dim() const { return num_heads * head_v_dim; }
+
+  // Fills derived fields and checks consistency; throws Error naming the field.
+  MixerConfig& resolve();
+  MixerConfig resolved() const { MixerConfig c = *this; return c.resolve(); }
+
+  nlohmann::json to_json() const;
+  // Starts from defaults_for(kind) and applies every key; unknown keys are an Error naming the key.
+  static MixerConfig from_json(const nlohmann::json& j);
+  // fla's per-layer defaults for fields that differ by kind (short conv, output gate).
+  static MixerConfig defaults_for(const std::string& kind);
+};
+
+// All mixer kinds, in the order of DESIGN.md's table.
+std::vector<std::string> mixer_kinds();
+std::vector<std::string> mixer_presets();
+
+// kind x preset x teacher -> config (see the header comment). Unknown kind or preset: Error listing the
+// valid names.
+MixerConfig mixer_preset(const std::string& kind, const std::string& preset, const LlamaConfig& teacher);
+
+}  // namespace linearize

@@ -1,0 +1,75 @@
+// mLSTM layer (see mlstm.h). Order: parameterisation, recurrent step, chunked form.
+//
+//   q, k [B,T,H,Dk];  v [B,T,H,Dv];  ι, φ soft-capped gate pre-activations [B,T,H] fp32
+//   (C, n, m) stabilised recurrence (ops::mlstm_*);  y = out_proj(σ(ogate_preact x) ⊙ LN_heads(h))
+#include "model/mixers/mlstm.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace linearize {
+
+// ---- parameterisation ----------------------------------------------------------------------------
+
+MultiHeadLayerNormImpl::MultiHeadLayerNormImpl(int64_t heads, int64_t head_dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", torch::ones({heads * head_dim}));
+}
+
+torch::Tensor MultiHeadLayerNormImpl::forward(const torch::Tensor& x) {
+  auto x32 = x.to(torch::kFloat);  // [B,T,H,D]
+  auto mean = x32.mean(-1, /*keepdim=*/true);
+  auto var = (x32 - mean).pow(2).mean(-1, /*keepdim=*/true);
+  auto y = ((x32 - mean) * torch::rsqrt(var + eps)).flatten(2);  // [B,T,H*D]
+  return (y * weight.to(torch::kFloat)).to(x.scalar_type());
+}
+
+namespace {
+torch::Tensor soft_cap(const torch::Tensor& x, double cap) { return cap * torch::tanh(x / cap); }
+}  // namespace
+
+MLSTM::MLSTM(const MixerConfig& c) : config(c.resolved()) {
+  const auto& cf = config;
+  auto lin = [](int64_t in, int64_t out, bool bias) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  };
+  q = register_module("q", lin(cf.hidden_size, cf.key_dim(), false));
+  k = register_module("k", lin(cf.hidden_size, cf.key_dim(), false));
+  v = register_module("v", lin(cf.hidden_size, cf.value_dim(), false));
+  ogate_preact = register_module("ogate_preact", lin(cf.hidden_size, cf.value_dim(), false));
+  igate_preact = register_module("igate_preact", lin(cf.hidden_size, cf.num_heads, true));
+  fgate_preact = register_module("fgate_preact", lin(cf.hidden_size, cf.num_heads, true));
+  multihead_norm = register_module("multihead_norm", MultiHeadLayerNorm(cf.num_heads, cf.head_v_dim, cf.mlstm_norm_eps));
+  out_proj = register_module("out_proj", lin(cf.value_dim(), cf.hidden_size, false));
+  mixers::linear_init(*this, std::sqrt(2.0 / (5.0 * cf.hidden_size)));
+  torch::NoGradGuard no_grad;
+  igate_preact->weight.zero_();
+  fgate_preact->weight.zero_();
+  igate_preact->bias.fill_(cf.mlstm_igate_bias_init);
+  fgate_preact->bias.copy_(torch::linspace(cf.mlstm_fgate_bias_min, cf.mlstm_fgate_bias_max, cf.num_heads));
+}
+
+torch::Tensor MLSTM::forward(const torch::Tensor& x, LayerState* state) {
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
+  const mixers::MixerStep step(state, T);
+  auto qh = mixers::split_heads(q(x), H);  // [B,T,H,Dk]
+  auto kh = mixers::split_heads(k(x), H);  // [B,T,H,Dk]
+  auto vh = mixers::split_heads(v(x), H);  // [B,T,H,Dv]
+  auto ig = soft_cap(igate_preact(x).to(torch::kFloat), config.mlstm_gate_soft_cap);  // [B,T,H]
+  auto fg = soft_cap(fgate_preact(x).to(torch::kFloat), config.mlstm_gate_soft_cap);  // [B,T,H]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
+  const ops::MlstmState init{step.get("c"), step.get("n"), step.get("m")};
+
+  // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
+  auto r = step.decode ? ops::mlstm_recurrent(qh, kh, vh, ig, fg, init, scale, config.mlstm_eps)
+                       : ops::mlstm_chunk(qh, kh, vh, ig, fg, init, scale, config.mlstm_eps, config.chunk_size);
+  step.put("c", r.state.c);
+  step.put("n", r.state.n);
+  step.put("m", r.state.m);
+  step.advance(T);
+
+  auto h = multihead_norm(r.h);  // [B,T,H*Dv]
+  return out_proj(torch::sigmoid(ogate_preact(x)) * h);
+}
+
+}  // namespace linearize

@@ -1,0 +1,64 @@
+// RetNet layer (see retnet.h). Order: parameterisation, recurrent step, chunked form.
+//
+//   q, k = rope(split(q_proj x)), rope(split(k_proj x)) at positions start .. start+T-1  [B,T,H,Dk]
+//   S_t = γ_h S_{t-1} + k_t v_t^T;  o_t = S_t^T (s q_t);  y = o_proj(g_norm(o) ⊙ swish(g_proj x))
+// The chunked op takes the fixed decay as g [H] and uses the true length of a partial last chunk.
+#include "model/mixers/retnet.h"
+
+#include <cmath>
+
+#include "ops/ops.h"
+
+namespace linearize {
+
+// ---- parameterisation ----------------------------------------------------------------------------
+
+RetNet::RetNet(const MixerConfig& c) : config(c.resolved()), rotary_(config.head_k_dim, config.rope_theta) {
+  const auto& k = config;
+  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim()));
+  k_proj = register_module("k_proj", lin(k.hidden_size, k.kv_heads() * k.head_k_dim));
+  v_proj = register_module("v_proj", lin(k.hidden_size, k.kv_heads() * k.head_v_dim));
+  if (k.use_output_gate) g_proj = register_module("g_proj", lin(k.hidden_size, k.value_dim()));
+  o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size));
+  if (k.use_short_conv) {
+    q_conv1d = register_module("q_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
+    k_conv1d = register_module("k_conv1d", mixers::ShortConv(k.kv_heads() * k.head_k_dim, k.conv_size, k.conv_bias, true));
+    v_conv1d = register_module("v_conv1d", mixers::ShortConv(k.kv_heads() * k.head_v_dim, k.conv_size, k.conv_bias, true));
+  }
+  g_norm = register_module("g_norm", RMSNorm(k.head_v_dim, k.norm_eps));
+  mixers::linear_init(*this, k.init_std);
+  // γ_h = 1 - 2^(-5-h), in fp32 as fla computes it.
+  auto h = torch::arange(k.num_heads, torch::kFloat);
+  log_gamma_ = (1 - torch::pow(torch::tensor(2.0f), -5.0 - h)).log();  // [H]
+}
+
+torch::Tensor RetNet::forward(const torch::Tensor& x, LayerState* state) {
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, Hkv = config.kv_heads();
+  const mixers::MixerStep step(state, T);
+  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);  // [B,T,H*Dk], [B,T,Hkv*Dk], [B,T,Hkv*Dv]
+  if (config.use_short_conv) {
+    q = mixers::conv_step(q_conv1d, q, step, "conv_q");
+    k = mixers::conv_step(k_conv1d, k, step, "conv_k");
+    v = mixers::conv_step(v_conv1d, v, step, "conv_v");
+  }
+  const int64_t start = step.position();
+  q = rotary_.apply(mixers::split_heads(q, H).transpose(1, 2), start).transpose(1, 2);    // [B,T,H,Dk]
+  k = rotary_.apply(mixers::split_heads(k, Hkv).transpose(1, 2), start).transpose(1, 2);  // [B,T,Hkv,Dk]
+  k = mixers::repeat_heads(k, H / Hkv);                                                   // [B,T,H,Dk]
+  v = mixers::repeat_heads(mixers::split_heads(v, Hkv), H / Hkv);                         // [B,T,H,Dv]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
+  auto g = log_gamma_.to(x.device());  // [H]
+
+  // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
+  auto r = step.decode ? ops::gla_recurrent(q, k, v, g, step.get("S"), scale)
+                       : ops::gla_chunk(q, k, v, g, step.get("S"), scale, config.chunk_size);
+  step.put("S", r.state);
+  step.advance(T);
+
+  auto o = g_norm(r.o);  // [B,T,H,Dv]
+  if (g_proj) o = o * torch::silu(mixers::split_heads(g_proj(x), H));
+  return o_proj(o.reshape({B, T, H * config.head_v_dim}));
+}
+
+}  // namespace linearize

@@ -1,0 +1,323 @@
+// Tests of the seven mixer layers (src/model/mixers):
+//  (a) every fla layer file in ../shared/golden/layers: build the layer from the file's `config`
+//      metadata, load param.* by name (1:1, both ways), run in.x, compare out.y (rel <= 2e-3);
+//  (b) every mixer on a small random config (with GQA where native, short convs, gate variants):
+//      token-by-token decode, prefill + decode, and a snapshot taken mid-way all equal the whole-sequence
+//      forward (fp32, rel <= 1e-4);
+//  (c) init from a GQA teacher (6 heads, 2 KV heads, head_dim 8): q/o copied exactly, k/v rows repeated
+//      per KV head for mixers without native GQA, copied as is for those with it; identity convs;
+//  (d) config errors: unknown key, unknown kind, unknown preset; JSON round trip.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "io/error.h"
+#include "io/safetensors.h"
+#include "model/mixers/factory.h"
+#include "model/mixers/mixer_config.h"
+#include "test_util.h"
+
+namespace linearize {
+namespace {
+
+using test::rel_err;
+
+// ---- (a) golden fla layers -------------------------------------------------------------------------
+
+// fla layer class + its constructor settings -> MixerConfig. Settings we do not implement must be at
+// their fla default; anything else fails the test with the key's name.
+MixerConfig config_from_fla(const std::string& cls, const nlohmann::json& j, const SafetensorsFile& f) {
+  const std::map<std::string, std::string> kinds = {
+      {"LinearAttention", "linear_attention"}, {"MultiScaleRetention", "retnet"},
+      {"GatedLinearAttention", "gla"},         {"DeltaNet", "deltanet"},
+      {"GatedDeltaNet", "gated_deltanet"},     {"KimiDeltaAttention", "kda"}};
+  auto it = kinds.find(cls);
+  if (it == kinds.end()) throw Error("golden layer: unknown fla class '" + cls + "'");
+  MixerConfig c = MixerConfig::defaults_for(it->second);
+  auto get_or = [&](const char* key, auto fallback) {
+    return j.contains(key) && !j[key].is_null() ? j[key].get<decltype(fallback)>() : fallback;
+  };
+  c.hidden_size = j.at("hidden_size").get<int64_t>();
+  c.num_heads = j.at("num_heads").get<int64_t>();
+  c.num_kv_heads = get_or("num_kv_heads", c.num_heads);
+  c.head_k_dim = j.at("head_k_dim").get<int64_t>();
+  c.head_v_dim = j.at("head_v_dim").get<int64_t>();
+  c.use_short_conv = get_or("use_short_conv", c.use_short_conv);
+  c.conv_size = get_or("conv_size", c.conv_size);
+  c.conv_bias = get_or("conv_bias", c.conv_bias);
+  c.use_output_gate = get_or("use_output_gate", get_or("use_gate", c.use_output_gate));
+  c.allow_neg_eigval = get_or("allow_neg_eigval", c.allow_neg_eigval);
+  c.use_beta = get_or("use_beta", c.use_beta);
+  c.gate_logit_normalizer = get_or("gate_logit_normalizer", c.gate_logit_normalizer);
+  if (c.kind == "gla") c.gate_low_rank_dim = f.info("param.gk_proj.0.weight").shape[0];
+  if (c.kind == "linear_attention") {
+    c.feature_map = "elementwise_product";          // golden/README.md: built with this map
+    c.use_output_norm = f.contains("param.norm.weight");  // and without the output norm
+  }
+  if (c.kind == "kda") c.use_output_gate = true, c.kda_gate_mode = "multiply";
+  c.rope_theta = 10000.0;  // fla's RetNet default, as the golden file was built
+  auto require = [&](const char* key, const nlohmann::json& expected) {
+    if (j.contains(key) && j[key] != expected)
+      throw Error(std::string("golden layer: unsupported fla setting ") + key + "=" + j[key].dump());
+  };
+  require("clamp_min", nullptr);
+  require("feature_map_fn", nullptr);
+  require("qk_activation", "silu");
+  require("qk_norm", "l2");
+  require("lower_bound", nullptr);
+  require("do_feature_map_norm", false);
+  require("norm_q", false);
+  require("norm_k", false);
+  if (j.contains("num_v_heads")) require("num_v_heads", c.num_heads);
+  return c.resolve();
+}
+
+TEST(MixerGolden, EveryFlaLayerFile) {
+  const std::string dir = test::golden_dir() + "/layers";
+  LINEARIZE_REQUIRE_PATH(dir);
+  const auto files = test::files_in(dir, ".safetensors");
+  ASSERT_FALSE(files.empty()) << "no .safetensors in " << dir;
+  for (const auto& path : files) {
+    SCOPED_TRACE(path);
+    SafetensorsFile f(path);
+    const auto& md = f.metadata();
+    ASSERT_TRUE(md.count("config") && md.count("class")) << path << ": metadata needs `config` and `class`";
+    auto cfg = config_from_fla(md.at("class"), nlohmann::json::parse(md.at("config")), f);
+    auto mixer = make_mixer(cfg);
+    auto params = mixer->named_parameters();
+    int64_t loaded = 0;
+    {
+      torch::NoGradGuard no_grad;
+      for (const auto& name : f.names()) {
+        if (name.rfind("param.", 0) != 0) continue;
+        auto* p = params.find(name.substr(6));
+        ASSERT_NE(p, nullptr) << path << ": the " << cfg.kind << " mixer has no parameter " << name.substr(6);
+        auto src = f.get(name);
+        ASSERT_EQ(p->sizes(), src.sizes()) << path << ": " << name;
+        p->copy_(src);
+        ++loaded;
+      }
+    }
+    EXPECT_EQ(loaded, static_cast<int64_t>(params.size())) << path << ": parameters left unloaded";
+    torch::NoGradGuard no_grad;
+    auto y = mixer->forward(f.get("in.x"), nullptr);
+    const double e = rel_err(y, f.get("out.y"));
+    std::printf("[golden] %-18s max rel err %.2e\n", cfg.kind.c_str(), e);
+    EXPECT_LE(e, 2e-3) << path;
+  }
+}
+
+// ---- (b) decode, prefill + decode, snapshots ---------------------------------------------------------
+
+MixerConfig small_config(const std::string& kind) {
+  MixerConfig c = MixerConfig::defaults_for(kind);
+  c.hidden_size = 32;
+  c.num_heads = 4;
+  c.chunk_size = 16;
+  return c;
+}
+
+std::vector<std::pair<std::string, MixerConfig>> small_cases() {
+  std::vector<std::pair<std::string, MixerConfig>> out;
+  for (const auto& kind : mixer_kinds()) out.push_back({kind, small_config(kind)});
+  auto add = [&](const std::string& name, const std::string& kind, auto edit) {
+    auto c = small_config(kind);
+    edit(c);
+    out.push_back({name, c});
+  };
+  add("linear_attention_gqa", "linear_attention", [](MixerConfig& c) { c.num_kv_heads = 2; });
+  add("linear_attention_hedgehog", "linear_attention", [](MixerConfig& c) { c.feature_map = "hedgehog"; });
+  add("retnet_gqa_conv", "retnet", [](MixerConfig& c) { c.num_kv_heads = 2, c.use_short_conv = true; });
+  add("gla_gqa", "gla", [](MixerConfig& c) { c.num_kv_heads = 2; });
+  add("gla_conv", "gla", [](MixerConfig& c) { c.use_short_conv = true; });
+  add("deltanet_gate", "deltanet", [](MixerConfig& c) { c.use_output_gate = true; });
+  add("kda_add_in_norm", "kda", [](MixerConfig& c) { c.kda_gate_mode = "add_in_norm"; });
+  return out;
+}
+
+// Random, not-small parameters so gates, convs and feature maps all matter.
+void perturb(TokenMixer& m) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) p.add_(torch::randn_like(p) * 0.2);
+}
+
+TEST(MixerState, DecodePrefillSnapshotMatchFullForward) {
+  torch::manual_seed(0);
+  const int64_t B = 2, T = 45, T1 = 21;
+  for (const auto& [name, cfg] : small_cases()) {
+    SCOPED_TRACE(name);
+    auto m = make_mixer(cfg);
+    perturb(*m);
+    torch::NoGradGuard no_grad;
+    auto x = torch::randn({B, T, cfg.hidden_size});
+    auto full = m->forward(x, nullptr);  // [B,T,hidden]
+    ASSERT_EQ(full.sizes(), x.sizes());
+
+    LayerState s;  // one token at a time
+    std::vector<torch::Tensor> ys;
+    for (int64_t t = 0; t < T; ++t) ys.push_back(m->forward(x.narrow(1, t, 1), &s));
+    const double e_decode = rel_err(torch::cat(ys, 1), full);
+    EXPECT_LE(e_decode, 1e-4) << name << ": token-by-token";
+    EXPECT_EQ(s.position, T);
+
+    LayerState p;  // prefill T1 (chunked from empty), a snapshot, then decode the rest
+    auto y1 = m->forward(x.narrow(1, 0, T1), &p);
+    LayerState snap = p;
+    std::vector<torch::Tensor> rest;
+    for (int64_t t = T1; t < T; ++t) rest.push_back(m->forward(x.narrow(1, t, 1), &p));
+    const double e_prefill = rel_err(torch::cat({y1, torch::cat(rest, 1)}, 1), full);
+    EXPECT_LE(e_prefill, 1e-4) << name << ": prefill + decode";
+
+    // The snapshot is untouched by the decode above: resuming from it, now by a chunked prefill of the
+    // remaining tokens (state + T > 1), gives the same outputs and the same final state.
+    auto y2 = m->forward(x.narrow(1, T1, T - T1), &snap);
+    const double e_snap = rel_err(y2, full.narrow(1, T1, T - T1));
+    EXPECT_LE(e_snap, 1e-4) << name << ": resumed from snapshot";
+    EXPECT_EQ(snap.position, T);
+    for (const auto& [key, t] : p.tensors) {
+      ASSERT_TRUE(snap.has(key)) << name << ": " << key;
+      EXPECT_LE(rel_err(snap.get(key), t), 1e-4) << name << ": final state " << key;
+    }
+    std::printf("[state]  %-26s decode %.1e  prefill+decode %.1e  snapshot %.1e\n", name.c_str(), e_decode,
+                e_prefill, e_snap);
+  }
+}
+
+TEST(MixerState, BackwardReachesEveryParameter) {
+  torch::manual_seed(1);
+  for (const auto& [name, cfg] : small_cases()) {
+    SCOPED_TRACE(name);
+    auto m = make_mixer(cfg);
+    perturb(*m);
+    auto y = m->forward(torch::randn({2, 20, cfg.hidden_size}), nullptr);
+    y.pow(2).sum().backward();
+    for (const auto& item : m->named_parameters()) {
+      ASSERT_TRUE(item.value().grad().defined()) << name << ": no gradient for " << item.key();
+      EXPECT_TRUE(torch::isfinite(item.value().grad()).all().item<bool>()) << name << ": " << item.key();
+    }
+  }
+}
+
+// ---- (c) init from a GQA teacher -------------------------------------------------------------------
+
+LlamaConfig gqa_teacher_config() {
+  LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 48;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 6;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.rope_theta = 1e5;
+  return c;
+}
+
+TEST(MixerInit, FromGqaTeacher) {
+  torch::manual_seed(2);
+  const auto tc = gqa_teacher_config();
+  LlamaAttention teacher(tc);
+  const int64_t d = tc.head_dim, G = tc.num_attention_heads / tc.num_key_value_heads;
+  for (const auto& kind : mixer_kinds()) {
+    SCOPED_TRACE(kind);
+    auto cfg = mixer_preset(kind, "default", tc);
+    auto m = make_mixer(cfg);
+    auto notes = init_mixer_from_teacher(*m, teacher, cfg);
+    for (const auto& n : notes) EXPECT_EQ(n.rfind("left fresh", 0), std::string::npos) << kind << ": " << n;
+    auto P = m->named_parameters();
+    const bool xlstm = kind == "mlstm";
+    auto param = [&](const std::string& hf) {
+      static const std::map<std::string, std::string> x = {{"q_proj", "q"}, {"k_proj", "k"}, {"v_proj", "v"}, {"o_proj", "out_proj"}};
+      return P[(xlstm ? x.at(hf) : hf) + ".weight"];
+    };
+    EXPECT_TRUE(torch::equal(param("q_proj"), teacher.q_proj->weight)) << kind << ": q";
+    EXPECT_TRUE(torch::equal(param("o_proj"), teacher.o_proj->weight)) << kind << ": o";
+    const bool native = kind == "linear_attention" || kind == "retnet" || kind == "gla";
+    for (const auto* proj : {"k_proj", "v_proj"}) {
+      auto student = param(proj);
+      auto tw = std::string(proj) == "k_proj" ? teacher.k_proj->weight : teacher.v_proj->weight;
+      if (native) {
+        EXPECT_TRUE(torch::equal(student, tw)) << kind << ": " << proj << " as is";
+        continue;
+      }
+      ASSERT_EQ(student.size(0), tc.num_attention_heads * d) << kind << ": " << proj;
+      for (int64_t h = 0; h < tc.num_attention_heads; ++h)
+        EXPECT_TRUE(torch::equal(student.narrow(0, h * d, d), tw.narrow(0, (h / G) * d, d)))
+            << kind << ": " << proj << " head " << h << " should be teacher KV head " << h / G;
+    }
+    for (const auto& item : P)
+      if (item.key().find("conv1d.weight") != std::string::npos) {
+        auto w = item.value();
+        EXPECT_TRUE(torch::equal(w.select(2, w.size(2) - 1), torch::ones_like(w.select(2, 0)))) << item.key();
+        EXPECT_EQ(w.narrow(2, 0, w.size(2) - 1).abs().sum().item<double>(), 0.0) << item.key();
+      }
+  }
+}
+
+TEST(MixerInit, PaperPresetRepeatsKvIntoFlaHeadCounts) {
+  torch::manual_seed(3);
+  const auto tc = gqa_teacher_config();
+  LlamaAttention teacher(tc);
+  const std::map<std::string, int64_t> heads = {{"gla", 4}, {"retnet", 8}, {"deltanet", 4}};
+  for (const auto& [kind, h] : heads) {
+    auto cfg = mixer_preset(kind, "paper", tc);
+    EXPECT_EQ(cfg.num_heads, h) << kind;
+    EXPECT_EQ(cfg.kv_heads(), h) << kind;
+    auto m = make_mixer(cfg);
+    init_mixer_from_teacher(*m, teacher, cfg);
+    auto k = m->named_parameters()["k_proj.weight"];
+    auto expanded = teacher.k_proj->weight.view({2, 1, 8, 48}).expand({2, 3, 8, 48}).reshape({48, 48});
+    EXPECT_TRUE(torch::equal(k, expanded)) << kind;
+  }
+  EXPECT_EQ(mixer_preset("kda", "paper", tc).kda_gate_mode, "add_in_norm");
+  EXPECT_EQ(mixer_preset("kda", "default", tc).kda_gate_mode, "multiply");
+  EXPECT_EQ(mixer_preset("retnet", "default", tc).rope_theta, 1e5);
+  EXPECT_EQ(mixer_preset("gla", "default", tc).kv_heads(), 2);
+  EXPECT_EQ(mixer_preset("deltanet", "default", tc).kv_heads(), 6);
+}
+
+// ---- (d) config errors -----------------------------------------------------------------------------
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MixerConfigErrors, UnknownKeyKindPreset) {
+  nlohmann::json j = {{"kind", "gla"}, {"hidden_size", 32}, {"num_heads", 4}, {"gate_lowrank_dim", 8}};
+  auto msg = error_of([&] { MixerConfig::from_json(j); });
+  EXPECT_NE(msg.find("unknown key 'gate_lowrank_dim'"), std::string::npos) << msg;
+
+  msg = error_of([&] { MixerConfig::from_json({{"kind", "mamba"}, {"hidden_size", 32}}); });
+  EXPECT_NE(msg.find("'mamba'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gated_deltanet"), std::string::npos) << msg;
+
+  msg = error_of([&] { mixer_preset("gla", "fast", gqa_teacher_config()); });
+  EXPECT_NE(msg.find("default, paper"), std::string::npos) << msg;
+  msg = error_of([&] { mixer_preset("s4", "default", gqa_teacher_config()); });
+  EXPECT_NE(msg.find("linear_attention, retnet, gla, deltanet, gated_deltanet, kda, mlstm"), std::string::npos) << msg;
+
+  msg = error_of([&] { MixerConfig::from_json({{"kind", "deltanet"}, {"hidden_size", 32}, {"num_heads", 4}, {"num_kv_heads", 2}}); });
+  EXPECT_NE(msg.find("num_kv_heads"), std::string::npos) << msg;
+  msg = error_of([&] { MixerConfig::from_json({{"kind", "gla"}, {"hidden_size", "32"}}); });
+  EXPECT_NE(msg.find("'hidden_size'"), std::string::npos) << msg;
+}
+
+TEST(MixerConfigErrors, JsonRoundTrip) {
+  for (const auto& kind : mixer_kinds()) {
+    auto c = mixer_preset(kind, "paper", gqa_teacher_config());
+    auto back = MixerConfig::from_json(c.to_json());
+    EXPECT_EQ(back.to_json(), c.to_json()) << kind;
+  }
+}
+
+}  // namespace
+}  // namespace linearize
