@@ -93,7 +93,8 @@ std::string svg_heatmap(const Heatmap& h) {
   const size_t rows = h.values.size(), cols = rows ? h.values[0].size() : 0;
   const double w = left + cols * cell_w + 90, hh = top + rows * cell_h + bottom;
   std::ostringstream o;
-  o << open_svg(std::max(w, 320.0), hh);
+  const double title_w = left + 8.5 * h.title.size() + 20;  // bold 15px text is about 8.5 px a character
+  o << open_svg(std::max({w, 320.0, title_w}), hh);
   o << text(left, 24, h.title, "font-size=\"15\" font-weight=\"bold\"");
   for (size_t r = 0; r < rows; ++r) {
     const double y = top + r * cell_h;
