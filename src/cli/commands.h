@@ -20,6 +20,7 @@ int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_demo(const std::vector<std::string>& args);
+int cmd_report(const std::vector<std::string>& args);
 
 const std::vector<Command>& commands();
 
