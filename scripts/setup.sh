@@ -10,6 +10,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache
   libtorch-dev libopenblas-dev       # libtorch 1.13 (CPU); OpenBLAS or matrix products run 30x slower
   nlohmann-json3-dev libpcre2-dev libsentencepiece-dev
+  libbz2-dev                         # reading the HellaSwag .txt.bz2 evaluation file
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev                        # c10d's Gloo process group (data-parallel training on CPU)
 )

@@ -10,9 +10,10 @@ const std::vector<Command>& commands() {
       {"info", "print a model folder's architecture, parameter count, dtype and tokenizer", cmd_info},
       {"tokenize", "turn text into token ids, or text/jsonl files into a .u32 token shard", cmd_tokenize},
       {"generate", "generate text from a teacher or student model, streaming", cmd_generate},
-      {"eval", "evaluate a model (eval ppl: held-out perplexity)", cmd_eval},
       {"pretrain", "train a Llama teacher from scratch", cmd_pretrain},
       {"distill", "linearize a teacher: three-stage distillation into a mixer", cmd_distill},
+      {"eval", "evaluate a model (eval ppl | tasks | niah | all)", cmd_eval},
+      {"report", "Markdown tables and SVG figures from eval results", cmd_report},
       {"demo", "run the built-in default job (see README)", cmd_demo},
   };
   return list;

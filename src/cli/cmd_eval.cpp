@@ -1,9 +1,20 @@
-// linearize eval <what>: evaluation commands. `eval ppl` scores held-out text.
+// linearize eval <what>: evaluation commands. `eval ppl` scores held-out text, `eval tasks` runs the
+// zero-shot benchmarks, `eval niah` the needle-in-a-haystack grid, `eval all` both (and recovery
+// against a teacher). Progress goes to stderr, results to stdout or --out; the JSON schemas are in
+// eval/tasks.h and eval/niah.h.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <iostream>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "eval/niah.h"
 #include "eval/perplexity.h"
+#include "eval/recovery.h"
+#include "eval/tasks.h"
+#include "io/atomic_file.h"
 #include "io/error.h"
 #include "io/token_shards.h"
 
@@ -50,17 +61,225 @@ int eval_ppl(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// ---- shared by tasks / niah / all ----
+
+std::string default_shared(const std::string& sub) {
+  // ../shared/data/<sub> next to the working directory, as the project layout puts it.
+  return (std::filesystem::path("..") / "shared" / "data" / sub).string();
+}
+
+std::vector<OptionSpec> task_options() {
+  return {{"tasks", "LIST", "comma-separated tasks", "lambada,arc_easy,arc_challenge,hellaswag,piqa,winogrande,openbookqa"},
+          {"data-dir", "DIR", "folder with the evaluation files", default_shared("eval")},
+          {"limit", "N", "score only the first N items of each task"},
+          {"batch", "N", "sequences per forward pass", "16"}};
+}
+
+std::vector<OptionSpec> niah_options(const std::string& lengths, const std::string& samples) {
+  return {{"lengths", "LIST", "prompt lengths in tokens (prompt + answer budget)", lengths},
+          {"depths", "N", "needle depths spread evenly over 0..100%", "5"},
+          {"samples", "N", "prompts per (length, depth)", samples},
+          {"haystack", "FILE", "prose for s_niah_2/3", default_shared("corpus/austen_emma.txt")},
+          {"seed", "S", "seed of keys and values", "0"}};
+}
+
+void write_json(const nlohmann::json& j, const std::string& path) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  write_file_atomic(path, [&](std::ostream& out) { out << j.dump(2) << "\n"; });
+}
+
+void progress_line(const std::string& what, int64_t done, int64_t total) {
+  std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
+  if (done == total) std::cerr << "\n";
+}
+
+nlohmann::json run_tasks(CausalLM& model, const Tokenizer& tok, const std::string& folder, const Args& args) {
+  ScoreOptions so;
+  so.batch = args.integer("batch");
+  const int64_t limit = args.has("limit") ? args.integer("limit") : -1;
+  std::vector<TaskResult> results;
+  for (const auto& name : args.str_list("tasks")) {
+    const TaskData task = load_task(name, args.str("data-dir"), limit);
+    so.progress = [&](int64_t d, int64_t t) { progress_line(name + ": scored", d, t); };
+    results.push_back(evaluate_task(model, tok, task, so));
+    const auto& r = results.back();
+    std::cerr << name << ": n " << r.n << "  acc " << r.acc << "  acc_norm " << r.acc_norm << "\n";
+  }
+  return results_json(folder, results);
+}
+
+NiahOptions niah_settings(const Args& args, const std::string& task) {
+  NiahOptions o;
+  o.task = task;
+  o.lengths = args.int_list("lengths");
+  o.depths = args.integer("depths");
+  o.samples = args.integer("samples");
+  o.haystack_file = args.str("haystack");
+  o.seed = static_cast<uint64_t>(args.integer("seed"));
+  return o;
+}
+
+nlohmann::json run_niah_cli(CausalLM& model, const Tokenizer& tok, const NiahOptions& o) {
+  return run_niah(model, tok, o, [&](int64_t d, int64_t t) { progress_line(o.task + ": prompts", d, t); });
+}
+
+void print_tasks(const nlohmann::json& r) {
+  std::vector<std::string> order;  // the paper's order, then any other task
+  for (const auto& n : task_names())
+    if (r["tasks"].contains(n)) order.push_back(n);
+  for (const auto& [n, v] : r["tasks"].items())
+    if (std::find(order.begin(), order.end(), n) == order.end()) order.push_back(n);
+  for (const auto& name : order) {
+    const auto& t = r["tasks"][name];
+    std::printf("%-14s n %5lld  acc %.4f ± %.4f  acc_norm %.4f ± %.4f  [%s %.4f]", name.c_str(),
+                static_cast<long long>(t["n"].get<int64_t>()), t["acc"].get<double>(), t["acc_stderr"].get<double>(),
+                t["acc_norm"].get<double>(), t["acc_norm_stderr"].get<double>(),
+                t["metric"].get<std::string>().c_str(), t["score"].get<double>());
+    if (t.contains("ppl")) std::printf("  ppl %.3f", t["ppl"].get<double>());
+    std::printf("\n");
+  }
+  std::printf("average of headline metrics: %.4f\n", r["average"].get<double>());
+}
+
+void print_niah(const nlohmann::json& r) {
+  const auto& depths = r["depths"];
+  std::printf("%s  accuracy by length (rows) and depth (columns)\n%8s", r["task"].get<std::string>().c_str(), "");
+  for (const auto& d : depths) std::printf(" %6.0f%%", 100 * d.get<double>());
+  std::printf("    mean\n");
+  for (size_t i = 0; i < r["lengths"].size(); ++i) {
+    const auto len = r["lengths"][i].get<int64_t>();
+    std::printf("%8lld", static_cast<long long>(len));
+    for (const auto& a : r["grid"][i]) std::printf(" %6.1f%%", 100 * a.get<double>());
+    std::printf("  %6.1f%%\n", 100 * r["per_length"][std::to_string(len)].get<double>());
+  }
+  std::printf("average %.1f%%\n", 100 * r["average"].get<double>());
+}
+
+void emit(const nlohmann::json& j, const Args& args, const std::function<void()>& print_text) {
+  if (args.has("out")) write_json(j, args.str("out"));
+  if (args.flag("json")) std::cout << j.dump() << "\n";
+  else print_text();
+}
+
+int eval_tasks(const std::vector<std::string>& argv) {
+  CommandSpec spec{"eval tasks",
+                   "Zero-shot multiple-choice and LAMBADA tasks with lm-eval-harness semantics (see\n"
+                   "src/eval/tasks.h): acc, acc_norm, their stderr and each task's headline metric.",
+                   "", "", {{"model", "DIR", "model folder", "", true}}, 0, 0};
+  for (auto& o : task_options()) spec.options.push_back(o);
+  spec.options.push_back({"json", "", "print the results JSON on stdout"});
+  spec.options.push_back({"out", "FILE", "also write the results JSON to FILE"});
+  spec.options.push_back(device_option());
+  Args args(spec, argv);
+  if (args.help_requested()) return std::cout << help_text(spec), 0;
+  const std::string folder = args.str("model");
+  LoadOptions lo;
+  lo.device = parse_device(args.str("device"));
+  auto model = load_model(folder, lo);
+  auto tok = model_tokenizer(folder);
+  const auto r = run_tasks(model, *tok, folder, args);
+  emit(r, args, [&] { print_tasks(r); });
+  return 0;
+}
+
+int eval_niah(const std::vector<std::string>& argv) {
+  CommandSpec spec{"eval niah",
+                   "RULER single-needle retrieval (see src/eval/niah.h): greedy decoding, exact match of\n"
+                   "the needle's value, accuracy per length and depth.",
+                   "", "",
+                   {{"model", "DIR", "model folder", "", true},
+                    {"task", "NAME", "s_niah_1 (noise), s_niah_2 (prose, number), s_niah_3 (prose, UUID)", "s_niah_1"}},
+                   0, 0};
+  for (auto& o : niah_options("512,1024,2048,4096", "10")) spec.options.push_back(o);
+  spec.options.push_back({"json", "", "print the results JSON on stdout"});
+  spec.options.push_back({"out", "FILE", "also write the results JSON to FILE"});
+  spec.options.push_back(device_option());
+  Args args(spec, argv);
+  if (args.help_requested()) return std::cout << help_text(spec), 0;
+  const std::string folder = args.str("model");
+  LoadOptions lo;
+  lo.device = parse_device(args.str("device"));
+  auto model = load_model(folder, lo);
+  auto tok = model_tokenizer(folder);
+  auto r = run_niah_cli(model, *tok, niah_settings(args, args.str("task")));
+  r["model"] = folder;
+  emit(r, args, [&] { print_niah(r); });
+  return 0;
+}
+
+// Tasks and NIAH for one model folder, with the metadata options attached.
+nlohmann::json evaluate_all(const std::string& folder, const Args& args, const std::string& role) {
+  LoadOptions lo;
+  lo.device = parse_device(args.str("device"));
+  auto model = load_model(folder, lo);
+  auto tok = model_tokenizer(folder);
+  std::cerr << "== " << role << " " << folder << "\n";
+  nlohmann::json r = run_tasks(model, *tok, folder, args);
+  r["role"] = role;
+  r["niah"] = nlohmann::json::object();
+  for (const auto& task : args.str_list("niah-tasks"))
+    r["niah"][task] = run_niah_cli(model, *tok, niah_settings(args, task));
+  return r;
+}
+
+int eval_all(const std::vector<std::string>& argv) {
+  CommandSpec spec{"eval all",
+                   "Zero-shot tasks and NIAH for a model, and with --teacher the same for the teacher and\n"
+                   "the recovery % = mean(student scores) / mean(teacher scores) x 100. Writes OUT/<name>.json\n"
+                   "(and OUT/<teacher name>.json) for `linearize report`.",
+                   "", "",
+                   {{"model", "DIR", "model folder (student)", "", true},
+                    {"teacher", "DIR", "teacher model folder: adds its results and the recovery"},
+                    {"out", "DIR", "folder for the results JSON files", "eval_results"},
+                    {"label", "NAME", "display name in reports (default: the folder name)"},
+                    {"mixer", "NAME", "token mixer, recorded for the report's charts"},
+                    {"scale", "X", "model scale (e.g. parameters in billions), recorded for the charts"},
+                    {"tokens", "N", "distillation token budget, recorded for the charts"},
+                    {"niah-tasks", "LIST", "NIAH tasks", "s_niah_1"}},
+                   0, 0};
+  for (auto& o : task_options()) spec.options.push_back(o);
+  for (auto& o : niah_options("512,1024", "5")) spec.options.push_back(o);
+  spec.options.push_back(device_option());
+  Args args(spec, argv);
+  if (args.help_requested()) return std::cout << help_text(spec), 0;
+  const std::string out_dir = args.str("out");
+  nlohmann::json student = evaluate_all(args.str("model"), args, args.has("teacher") ? "student" : "model");
+  if (args.has("label")) student["label"] = args.str("label");
+  if (args.has("mixer")) student["mixer"] = args.str("mixer");
+  if (args.has("scale")) student["scale"] = args.number("scale");
+  if (args.has("tokens")) student["tokens"] = args.number("tokens");
+  if (args.has("teacher")) {
+    nlohmann::json teacher = evaluate_all(args.str("teacher"), args, "teacher");
+    if (args.has("scale")) teacher["scale"] = args.number("scale");
+    student["teacher"] = args.str("teacher");
+    student["recovery"] = recovery_percent(student, teacher);
+    write_json(teacher, (std::filesystem::path(out_dir) / (result_name(teacher) + ".teacher.json")).string());
+  }
+  const std::string path = (std::filesystem::path(out_dir) / (result_name(student) + ".json")).string();
+  write_json(student, path);
+  print_tasks(student);
+  for (const auto& [task, n] : student["niah"].items()) print_niah(n);
+  if (student.contains("recovery")) std::printf("recovery vs teacher: %.1f%%\n", student["recovery"].get<double>());
+  std::printf("results written to %s\n", path.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int cmd_eval(const std::vector<std::string>& argv) {
-  const std::string usage = "usage: linearize eval ppl [options]   (run `linearize eval ppl --help`)\n";
+  const std::string usage =
+      "usage: linearize eval ppl|tasks|niah|all [options]   (run `linearize eval <what> --help`)\n";
   if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
     std::cout << usage;
     return argv.empty() ? 2 : 0;
   }
   std::vector<std::string> rest(argv.begin() + 1, argv.end());
   if (argv[0] == "ppl") return eval_ppl(rest);
-  throw Error("linearize eval: unknown evaluation \"" + argv[0] + "\" (available: ppl)");
+  if (argv[0] == "tasks") return eval_tasks(rest);
+  if (argv[0] == "niah") return eval_niah(rest);
+  if (argv[0] == "all") return eval_all(rest);
+  throw Error("linearize eval: unknown evaluation \"" + argv[0] + "\" (available: ppl, tasks, niah, all)");
 }
 
 }  // namespace linearize::cli

@@ -1,0 +1,445 @@
+// Evaluation layer tests: the batched continuation scorer against one plain forward per sequence,
+// multiple-choice metrics (acc, byte-normalised acc_norm), WinoGrande partial scoring, LAMBADA's greedy
+// match, HellaSwag text cleanup, task file errors with FILE:LINE, NIAH prompt construction (length,
+// needle depth), recovery arithmetic, and the report's Markdown and SVG output.
+// Tests that need ../shared skip with a message when it is absent. No test runs more than a few
+// hundred forward passes of a tiny model.
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "eval/niah.h"
+#include "eval/recovery.h"
+#include "eval/tasks.h"
+#include "io/error.h"
+#include "model/model_io.h"
+#include "report/markdown.h"
+#include "report/svg.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace linearize;
+
+namespace {
+
+std::string tmp_file(const std::string& name, const std::string& content) {
+  auto d = fs::temp_directory_path() / ("linearize_eval_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  const auto p = (d / name).string();
+  std::ofstream(p) << content;
+  return p;
+}
+
+// Sum of log p(continuation) by one forward over the whole sequence, and whether it is greedy.
+ContinuationScore score_by_hand(CausalLM& model, const TokenPair& r) {
+  torch::NoGradGuard ng;
+  std::vector<int64_t> all(r.context.begin(), r.context.end());
+  all.insert(all.end(), r.continuation.begin(), r.continuation.end());
+  auto x = torch::tensor(all, torch::kLong).unsqueeze(0);
+  auto logp = torch::log_softmax(model->forward(x).squeeze(0).to(torch::kDouble), -1);  // [T, V]
+  ContinuationScore s;
+  s.greedy = true;
+  const int64_t start = static_cast<int64_t>(r.context.size());
+  for (int64_t i = 0; i < static_cast<int64_t>(r.continuation.size()); ++i) {
+    const int64_t pos = start + i - 1;  // output at pos predicts token pos + 1
+    s.loglik += logp[pos][all[pos + 1]].item<double>();
+    s.greedy = s.greedy && logp[pos].argmax().item<int64_t>() == all[pos + 1];
+  }
+  s.tokens = static_cast<int64_t>(r.continuation.size());
+  return s;
+}
+
+std::vector<int32_t> ids(std::initializer_list<int32_t> l) { return l; }
+
+}  // namespace
+
+// ---- scoring ----
+
+TEST(EvalScoring, BatchedScorerMatchesOneForwardPerSequence) {
+  const std::string folder = test::golden_dir() + "/llama-gqa";
+  LINEARIZE_REQUIRE_PATH(folder);
+  auto model = load_model(folder);
+  // Different context and continuation lengths so that batches need padding.
+  std::vector<TokenPair> reqs = {{ids({0, 5, 9, 11}), ids({7})},
+                                 {ids({0, 5, 9, 11, 300, 301, 302, 17}), ids({40, 41, 42})},
+                                 {ids({0}), ids({3, 4})},
+                                 {ids({0, 100, 200}), ids({7, 8, 9, 10, 11})},
+                                 {ids({0, 5, 9, 11, 12}), ids({511})}};
+  ScoreOptions so;
+  so.batch = 2;
+  const auto got = score_continuations(model, reqs, so);
+  ASSERT_EQ(got.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const auto want = score_by_hand(model, reqs[i]);
+    EXPECT_NEAR(got[i].loglik, want.loglik, 1e-4) << "request " << i;
+    EXPECT_EQ(got[i].greedy, want.greedy) << "request " << i;
+    EXPECT_EQ(got[i].tokens, want.tokens);
+  }
+}
+
+TEST(EvalScoring, LeftTruncationKeepsTheContinuation) {
+  const std::string folder = test::golden_dir() + "/llama-gqa";
+  LINEARIZE_REQUIRE_PATH(folder);
+  auto model = load_model(folder);
+  TokenPair r{ids({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}), ids({10, 11})};
+  ScoreOptions so;
+  so.max_length = 6;  // keeps the last 7 tokens: 5..11, input 5..10
+  const auto got = score_continuations(model, {r}, so);
+  const auto want = score_by_hand(model, TokenPair{ids({5, 6, 7, 8, 9}), ids({10, 11})});
+  EXPECT_NEAR(got[0].loglik, want.loglik, 1e-4);
+}
+
+TEST(EvalTasks, ArcOnStoriesMatchesHandScoringAndArgmax) {
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  const std::string data = test::data_dir() + "/eval";
+  LINEARIZE_REQUIRE_PATH(folder);
+  LINEARIZE_REQUIRE_PATH(data + "/arc_easy.jsonl");
+  auto model = load_model(folder);
+  auto tok = load_tokenizer(folder);
+  const TaskData task = load_task("arc_easy", data, 6);
+  ASSERT_EQ(task.items.size(), 6u);
+  EXPECT_EQ(task.items[0].options[0].context.substr(0, 10), "Question: ");
+  EXPECT_EQ(task.items[0].options[0].context.substr(task.items[0].options[0].context.size() - 8), "\nAnswer:");
+  const auto prefix = eval_prefix(model->config, *tok);
+  ASSERT_EQ(prefix, std::vector<int32_t>{1});  // BOS for SentencePiece
+  ScoreOptions so;
+  so.batch = 5;
+  const TaskResult r = evaluate_task(model, *tok, task, so);
+  int64_t hits = 0, hits_norm = 0;
+  for (const auto& item : task.items) {
+    std::vector<double> ll, lln;
+    for (size_t j = 0; j < item.options.size(); ++j) {
+      const auto pair = encode_pair(*tok, prefix, 1, item.options[j]);
+      // The continuation is the tail of the whole text's tokens.
+      auto whole = tok->encode(item.options[j].context + item.options[j].continuation, false);
+      ASSERT_GE(whole.size(), pair.continuation.size());
+      EXPECT_TRUE(std::equal(pair.continuation.rbegin(), pair.continuation.rend(), whole.rbegin()));
+      ll.push_back(score_by_hand(model, pair).loglik);
+      lln.push_back(ll.back() / static_cast<double>(item.options[j].continuation.size() - 1));
+    }
+    hits += argmax_index(ll) == item.gold;
+    hits_norm += argmax_index(lln) == item.gold;
+  }
+  EXPECT_EQ(r.n, 6);
+  EXPECT_DOUBLE_EQ(r.acc, hits / 6.0);
+  EXPECT_DOUBLE_EQ(r.acc_norm, hits_norm / 6.0);
+  EXPECT_NEAR(r.acc_stderr, std::sqrt(r.acc * (1 - r.acc) / 5), 1e-12);
+  EXPECT_EQ(r.metric, "acc");
+}
+
+TEST(EvalTasks, EncodePairMovesTrailingSpacesToTheContinuation) {
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(folder);
+  auto tok = load_tokenizer(folder);
+  const auto a = encode_pair(*tok, {1}, 1, {"Once upon a time ", "there was"});
+  const auto b = encode_pair(*tok, {1}, 1, {"Once upon a time", " there was"});
+  EXPECT_EQ(a.context, b.context);
+  EXPECT_EQ(a.continuation, b.continuation);
+  EXPECT_EQ(a.context.front(), 1);
+}
+
+TEST(EvalTasks, AccNormDividesByChoiceBytes) {
+  // "éé" is 4 bytes (2 characters): the normalisation uses bytes.
+  const auto path = tmp_file("mc.jsonl", "{\"query\": \"q\", \"choices\": [\"ab\", \"\xc3\xa9\xc3\xa9\"], \"gold\": 1}\n");
+  const TaskData t = load_multiple_choice_jsonl("openbookqa", path, -1);
+  ASSERT_EQ(t.items.size(), 1u);
+  EXPECT_EQ(t.items[0].norm_bytes, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(t.items[0].options[1].continuation, " \xc3\xa9\xc3\xa9");
+  std::vector<std::vector<ContinuationScore>> s = {{{-2.0, false, 1}, {-3.0, false, 1}}};
+  const TaskResult r = multiple_choice_metrics(t, s);  // acc: -2 > -3; acc_norm: -1.0 < -0.75
+  EXPECT_EQ(r.acc, 0.0);
+  EXPECT_EQ(r.acc_norm, 1.0);
+  EXPECT_EQ(r.metric, "acc_norm");
+  EXPECT_EQ(r.score(), 1.0);
+}
+
+TEST(EvalTasks, WinograndeScoresTheSharedContinuationAfterEachOption) {
+  const auto path = tmp_file("wg.jsonl",
+                             "{\"context_options\": [\"Sarah helped Maria so Sarah\", \"Sarah helped Maria so Maria\"], "
+                             "\"continuation\": \"said thanks.\", \"gold\": 1}\n");
+  const TaskData t = load_winogrande_jsonl(path, -1);
+  ASSERT_EQ(t.items.size(), 1u);
+  const auto& it = t.items[0];
+  ASSERT_EQ(it.options.size(), 2u);
+  EXPECT_EQ(it.options[0].context, "Sarah helped Maria so Sarah");
+  EXPECT_EQ(it.options[1].context, "Sarah helped Maria so Maria");
+  EXPECT_EQ(it.options[0].continuation, " said thanks.");
+  EXPECT_EQ(it.options[1].continuation, " said thanks.");
+  EXPECT_EQ(it.gold, 1);
+  std::vector<std::vector<ContinuationScore>> s = {{{-5.0, false, 3}, {-4.0, false, 3}}};
+  const TaskResult r = multiple_choice_metrics(t, s);
+  EXPECT_EQ(r.acc, 1.0);
+  EXPECT_EQ(r.acc_norm, 1.0);
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(folder);
+  auto tok = load_tokenizer(folder);
+  const auto a = encode_pair(*tok, {1}, 1, it.options[0]);
+  const auto b = encode_pair(*tok, {1}, 1, it.options[1]);
+  EXPECT_EQ(a.continuation, b.continuation);  // the same tokens are scored after both options
+  EXPECT_NE(a.context, b.context);
+}
+
+TEST(EvalTasks, LambadaAccIsTheGreedyMatchOfEveryToken) {
+  const std::string folder = test::golden_dir() + "/llama-gqa";
+  LINEARIZE_REQUIRE_PATH(folder);
+  auto model = load_model(folder);
+  // Build a continuation the model itself predicts greedily, then spoil its last token.
+  std::vector<int32_t> ctx = {0, 17, 99, 250};
+  std::vector<int32_t> cont;
+  {
+    torch::NoGradGuard ng;
+    std::vector<int64_t> seq(ctx.begin(), ctx.end());
+    for (int k = 0; k < 3; ++k) {
+      auto logits = model->forward(torch::tensor(seq, torch::kLong).unsqueeze(0));
+      seq.push_back(logits[0][-1].argmax().item<int64_t>());
+      cont.push_back(static_cast<int32_t>(seq.back()));
+    }
+  }
+  auto spoiled = cont;
+  spoiled.back() = (spoiled.back() + 1) % 512;
+  const auto s = score_continuations(model, {{ctx, cont}, {ctx, spoiled}}, ScoreOptions{});
+  EXPECT_TRUE(s[0].greedy);
+  EXPECT_FALSE(s[1].greedy);
+  TaskData t;
+  t.name = "lambada";
+  t.metric = "acc";
+  t.kind = TaskKind::Lambada;
+  t.items.resize(2);
+  const TaskResult r = lambada_metrics(t, {{s[0]}, {s[1]}});
+  EXPECT_EQ(r.acc, 0.5);
+  EXPECT_NEAR(r.ppl, std::exp(-(s[0].loglik + s[1].loglik) / 2), 1e-9);
+}
+
+TEST(EvalTasks, LambadaFileGetsASpaceBeforeTheLastWord) {
+  const auto path = tmp_file("lam.jsonl", "{\"context\": \"I don't care about\", \"continuation\": \"signs\"}\n");
+  const TaskData t = load_lambada_jsonl(path, -1);
+  ASSERT_EQ(t.items.size(), 1u);
+  EXPECT_EQ(t.items[0].options[0].continuation, " signs");
+  EXPECT_EQ(t.kind, TaskKind::Lambada);
+}
+
+TEST(EvalTasks, HellaswagPreprocessing) {
+  EXPECT_EQ(hellaswag_preprocess("  How to x [title] Do this [header] step.  Then  "), "How to x. Do this step. Then");
+  EXPECT_EQ(hellaswag_preprocess("a   b"), "a  b");  // one pass, as Python's str.replace
+  EXPECT_EQ(hellaswag_preprocess("see [www.site.org] now"), "see now");
+  EXPECT_EQ(hellaswag_capitalize_tail("Roof shingle removal: A man is sitting on a roof. he"),
+            "Roof shingle removal: A man is sitting on a roof. He");
+  EXPECT_EQ(hellaswag_capitalize_tail("Family: How to play. Ask them."), "Family: How to play. Ask them.");
+}
+
+TEST(EvalTasks, HellaswagKlosaxFile) {
+  const std::string path = test::data_dir() + "/eval/hellaswag_val_full.txt.bz2";
+  LINEARIZE_REQUIRE_PATH(path);
+  const TaskData t = load_hellaswag_text(path, 3);
+  ASSERT_EQ(t.items.size(), 3u);
+  EXPECT_EQ(t.items[0].options[0].context, "Roof shingle removal: A man is sitting on a roof. He");
+  EXPECT_EQ(t.items[0].options[3].continuation, " starts pulling up roofing on a roof.");
+  EXPECT_EQ(t.items[0].gold, 3);
+  EXPECT_EQ(t.items[2].gold, 2);
+  EXPECT_EQ(t.metric, "acc_norm");
+}
+
+TEST(EvalTasks, MalformedLinesNameFileAndLine) {
+  const auto bad_json = tmp_file("bad1.jsonl", "{\"query\": \"q\", \"choices\": [\"a\"], \"gold\": 0}\n{\"query\": \n");
+  try {
+    load_multiple_choice_jsonl("piqa", bad_json, -1);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad_json + ":2:"), std::string::npos) << e.what();
+  }
+  const auto no_choices = tmp_file("bad2.jsonl", "\n{\"query\": \"q\", \"gold\": 0}\n");
+  try {
+    load_multiple_choice_jsonl("piqa", no_choices, -1);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(no_choices + ":2:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("choices"), std::string::npos) << e.what();
+  }
+  const auto bad_gold = tmp_file("bad3.jsonl", "{\"context_options\": [\"a\", \"b\"], \"continuation\": \"c\", \"gold\": 2}\n");
+  try {
+    load_winogrande_jsonl(bad_gold, -1);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad_gold + ":1:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("gold"), std::string::npos) << e.what();
+  }
+  const auto bad_hs = tmp_file("bad.txt", "ctx\n7\na\nb\nc\nd\n");
+  EXPECT_THROW(load_hellaswag_text(bad_hs, -1), Error);
+  EXPECT_THROW(load_task("nope", "/nonexistent", -1), Error);
+}
+
+// ---- NIAH ----
+
+TEST(EvalNiah, PromptFitsTheLengthAndPlacesTheNeedle) {
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(folder);
+  auto tok = load_tokenizer(folder);
+  const auto hay = noise_sentences();
+  for (int64_t length : {384, 512}) {
+    for (double depth : niah_depths(5)) {
+      std::mt19937_64 rng(7);
+      const auto s = make_niah_sample(*tok, {1}, "s_niah_1", hay, length, depth, rng);
+      const int64_t budget = length - niah_max_new_tokens("s_niah_1");
+      EXPECT_LE(static_cast<int64_t>(s.ids.size()), budget);
+      EXPECT_GE(static_cast<int64_t>(s.ids.size()), budget - 12) << "length " << length << " depth " << depth;
+      EXPECT_EQ(static_cast<int64_t>(tok->encode(s.text, false).size()) + 1, static_cast<int64_t>(s.ids.size()));
+      // The needle is in the prompt once, after exactly needle_position haystack sentences.
+      const size_t at = s.text.find(s.needle);
+      ASSERT_NE(at, std::string::npos);
+      EXPECT_EQ(s.text.find(s.needle, at + 1), std::string::npos);
+      const std::string before = s.text.substr(0, at);
+      int64_t sentences_before = 0;
+      for (const auto& h : hay)
+        for (size_t p = 0; (p = before.find(h, p)) != std::string::npos; p += h.size()) ++sentences_before;
+      EXPECT_EQ(sentences_before, s.needle_position);
+      EXPECT_LE(std::fabs(static_cast<double>(sentences_before) / s.sentences - depth), 1.0 / s.sentences + 1e-9);
+      EXPECT_EQ(s.value.size(), 7u);
+      EXPECT_NE(s.text.find("What is the special magic number for " + s.key), std::string::npos);
+      EXPECT_TRUE(s.text.size() > 20 && s.text.compare(s.text.size() - 33, 33, "mentioned in the provided text is") == 0);
+    }
+  }
+}
+
+TEST(EvalNiah, UuidTaskOnProse) {
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  const std::string emma = test::data_dir() + "/corpus/austen_emma.txt";
+  LINEARIZE_REQUIRE_PATH(folder);
+  LINEARIZE_REQUIRE_PATH(emma);
+  auto tok = load_tokenizer(folder);
+  std::ifstream in(emma);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto hay = split_sentences(text.substr(0, 60000));
+  ASSERT_GT(hay.size(), 100u);
+  std::mt19937_64 rng(3);
+  const auto s = make_niah_sample(*tok, {1}, "s_niah_3", hay, 512, 0.5, rng);
+  EXPECT_TRUE(std::regex_match(s.value, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+  EXPECT_NE(s.text.find("special magic uuid for " + s.key), std::string::npos);
+  EXPECT_LE(static_cast<int64_t>(s.ids.size()), 512 - 30);
+  EXPECT_GE(static_cast<int64_t>(s.ids.size()), 512 - 30 - 200);  // whole sentences of prose, some long
+  EXPECT_EQ(s.needle_position, std::llround(0.5 * s.sentences));
+}
+
+TEST(EvalNiah, SentencesDepthsAndMatching) {
+  EXPECT_EQ(split_sentences("One.  Two!\nThree? \"Four.\" Five"),
+            (std::vector<std::string>{"One.", "Two!", "Three?", "\"Four.\"", "Five"}));
+  EXPECT_EQ(niah_depths(5), (std::vector<double>{0, 0.25, 0.5, 0.75, 1}));
+  EXPECT_EQ(niah_depths(1), (std::vector<double>{0.5}));
+  EXPECT_TRUE(niah_match(" 1234567.", "1234567"));
+  EXPECT_FALSE(niah_match(" 123456", "1234567"));
+  EXPECT_THROW(niah_uses_uuid("s_niah_9"), Error);
+}
+
+TEST(EvalNiah, RunsThroughGenerate) {
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(folder);
+  auto model = load_model(folder);
+  auto tok = load_tokenizer(folder);
+  NiahOptions o;
+  o.lengths = {320};
+  o.depths = 2;
+  o.samples = 2;
+  const auto r = run_niah(model, *tok, o);
+  ASSERT_EQ(r["grid"].size(), 1u);
+  ASSERT_EQ(r["grid"][0].size(), 2u);
+  const double a = r["per_length"]["320"].get<double>();
+  EXPECT_GE(a, 0.0);
+  EXPECT_LE(a, 1.0);
+}
+
+// ---- recovery ----
+
+TEST(EvalRecovery, MeanOverMean) {
+  EXPECT_NEAR(recovery_percent(std::vector<double>{0.5, 0.3}, std::vector<double>{0.5, 0.5}), 80.0, 1e-12);
+  EXPECT_THROW(recovery_percent(std::vector<double>{}, std::vector<double>{}), Error);
+  EXPECT_THROW(recovery_percent(std::vector<double>{0.5}, std::vector<double>{0.0}), Error);
+  nlohmann::json s = {{"model", "s"}, {"tasks", {{"piqa", {{"score", 0.6}}}, {"arc_easy", {{"score", 0.4}}}}}};
+  nlohmann::json t = {{"model", "t"},
+                      {"tasks", {{"piqa", {{"score", 0.8}}}, {"arc_easy", {{"score", 0.6}}}, {"lambada", {{"score", 0.9}}}}}};
+  EXPECT_EQ(shared_tasks(s, t), (std::vector<std::string>{"arc_easy", "piqa"}));
+  EXPECT_NEAR(recovery_percent(s, t), 100.0 * 0.5 / 0.7, 1e-12);
+  EXPECT_EQ(result_name(nlohmann::json{{"model", "/x/y/gdn-1b/"}}), "gdn-1b");
+}
+
+// ---- report ----
+
+namespace {
+
+std::vector<ReportInput> sample_inputs() {
+  auto tasks = [](double a, double b) {
+    return nlohmann::json{{"arc_easy", {{"score", a}, {"metric", "acc"}}}, {"hellaswag", {{"score", b}, {"metric", "acc_norm"}}}};
+  };
+  auto niah = [](double x) {
+    return nlohmann::json{{"s_niah_1",
+                           {{"lengths", {512, 1024}}, {"depths", {0.0, 0.5, 1.0}}, {"samples", 2},
+                            {"grid", {{x, x, 1.0}, {0.0, x, 0.5}}}, {"per_length", {{"512", x}, {"1024", x / 2}}},
+                            {"average", x}}}};
+  };
+  std::vector<ReportInput> in(3);
+  in[0] = {"teacher-1b", "t.json", {{"model", "/m/teacher-1b"}, {"role", "teacher"}, {"tasks", tasks(0.8, 0.6)}, {"average", 0.7}, {"niah", niah(1.0)}}, true};
+  in[1] = {"gdn", "g.json", {{"model", "/m/gdn"}, {"mixer", "gated_deltanet"}, {"scale", 1.0}, {"tasks", tasks(0.7, 0.5)}, {"average", 0.6}, {"niah", niah(0.5)}}, false};
+  in[2] = {"la", "l.json", {{"model", "/m/la"}, {"mixer", "linear_attention"}, {"scale", 1.0}, {"tasks", tasks(0.5, 0.4)}, {"average", 0.45}}, false};
+  return in;
+}
+
+}  // namespace
+
+TEST(Report, MarkdownHasEveryModelAndTask) {
+  const auto inputs = sample_inputs();
+  const auto figs = report_figures(inputs);
+  std::vector<std::string> names;
+  for (const auto& f : figs) names.push_back(f.first);
+  const std::string md = markdown_report(inputs, names);
+  for (const char* s : {"teacher-1b", "gdn", "la", "ARC-e", "HellaSwag", "average", "recovery %", "s_niah_1", "512", "1024"})
+    EXPECT_NE(md.find(s), std::string::npos) << s << "\n" << md;
+  EXPECT_NE(md.find("| 85.7 |"), std::string::npos) << md;  // gdn: 0.6 / 0.7
+  EXPECT_NE(md.find("| 64.3 |"), std::string::npos) << md;  // la: 0.45 / 0.7
+  EXPECT_NE(md.find("recovery.svg"), std::string::npos);
+  EXPECT_NE(md.find("niah_s_niah_1_gdn.svg"), std::string::npos);
+  EXPECT_NE(md.find("scale.svg"), std::string::npos);
+}
+
+TEST(Report, SvgIsWellFormed) {
+  Heatmap h;
+  h.title = "a <b> & c";
+  h.row_labels = {"0%", "50%", "100%"};
+  h.col_labels = {"512", "1024"};
+  h.values = {{1, 0.5}, {0, 1}, {0.25, 0.75}};
+  const std::string svg = svg_heatmap(h);
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  size_t cells = 0;
+  for (size_t p = 0; (p = svg.find("class=\"cell\"", p)) != std::string::npos; ++p) ++cells;
+  EXPECT_EQ(cells, 6u);
+  EXPECT_NE(svg.find("a &lt;b&gt; &amp; c"), std::string::npos);
+  // Every opened element is closed: count "<text" vs "</text>".
+  auto count = [&](const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t p = 0; (p = s.find(what, p)) != std::string::npos; ++p) ++n;
+    return n;
+  };
+  EXPECT_EQ(count(svg, "<text"), count(svg, "</text>"));
+  EXPECT_EQ(accuracy_colour(0), "#d73027");
+  EXPECT_EQ(accuracy_colour(1), "#1a9850");
+  const std::string bars = svg_bar_chart("r", {{"gdn", 94.2}, {"la", 80}}, "recovery %", 100);
+  EXPECT_EQ(bars.rfind("<svg", 0), 0u);
+  EXPECT_EQ(count(bars, "class=\"bar\""), 2u);
+  const std::string lines = svg_line_chart("s", {{"gdn", {{1e8, 90}, {1e9, 94}}}}, "scale", "recovery %", true);
+  EXPECT_EQ(lines.rfind("<svg", 0), 0u);
+  EXPECT_EQ(count(lines, "class=\"series\""), 1u);
+}
+
+TEST(Report, WritesFilesFromResultsJson) {
+  const auto inputs = sample_inputs();
+  std::vector<std::string> paths;
+  for (const auto& in : inputs) paths.push_back(tmp_file(in.source, in.results.dump()));
+  const auto loaded = load_report_inputs(paths);
+  ASSERT_EQ(loaded.size(), 3u);
+  EXPECT_TRUE(loaded[0].teacher);
+  EXPECT_EQ(loaded[1].name, "gdn");
+  const auto dir = (fs::temp_directory_path() / ("linearize_report_" + std::to_string(::getpid()))).string();
+  const auto written = write_report(loaded, dir);
+  EXPECT_TRUE(fs::exists(dir + "/report.md"));
+  EXPECT_TRUE(fs::exists(dir + "/recovery.svg"));
+  EXPECT_TRUE(fs::exists(dir + "/niah_s_niah_1_teacher-1b.svg"));
+  EXPECT_THROW(load_report_inputs({tmp_file("junk.json", "[1,2]")}), Error);
+}
