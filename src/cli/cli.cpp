@@ -9,6 +9,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> list = {
       {"info", "print a model folder's architecture, parameter count, dtype and tokenizer", cmd_info},
       {"tokenize", "turn text into token ids, or text/jsonl files into a .u32 token shard", cmd_tokenize},
+      {"tokenizer", "tokenizer tools (tokenizer train: train a byte-level BPE on text files)", cmd_tokenizer},
       {"generate", "generate text from a teacher or student model, streaming", cmd_generate},
       {"eval", "evaluate a model (eval ppl: held-out perplexity)", cmd_eval},
       {"demo", "run the built-in default job (see README)", cmd_demo},
