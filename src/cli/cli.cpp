@@ -9,6 +9,7 @@ const std::vector<Command>& commands() {
   static const std::vector<Command> list = {
       {"info", "print a model folder's architecture, parameter count, dtype and tokenizer", cmd_info},
       {"tokenize", "turn text into token ids, or text/jsonl files into a .u32 token shard", cmd_tokenize},
+      {"tokenizer", "tokenizer tools (tokenizer train: train a byte-level BPE on text files)", cmd_tokenizer},
       {"generate", "generate text from a teacher or student model, streaming", cmd_generate},
       {"pretrain", "train a Llama teacher from scratch", cmd_pretrain},
       {"distill", "linearize a teacher: three-stage distillation into a mixer", cmd_distill},

@@ -17,6 +17,7 @@ struct Command {
 
 int cmd_info(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_tokenizer(const std::vector<std::string>& args);
 int cmd_generate(const std::vector<std::string>& args);
 int cmd_eval(const std::vector<std::string>& args);
 int cmd_demo(const std::vector<std::string>& args);

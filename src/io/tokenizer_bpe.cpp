@@ -673,6 +673,19 @@ const std::string& byte_level_symbol(uint8_t byte) { return byte_map().symbol[by
 
 std::string byte_level_encode(const std::string& bytes) { return byte_encode(bytes); }
 
+std::vector<std::string> pretokenize_smollm2(const std::string& text) {
+  // The same two steps BpeTokenizer's constructor builds for isolate_digits=true.
+  static const BpeRegex digits("\\p{N}", false, "pretokenize_smollm2");
+  static const BpeRegex gpt2(kGpt2Pattern, false, "pretokenize_smollm2");
+  std::vector<std::string> split;
+  if (utf8::is_valid(text)) split_isolated(text, digits, split);
+  else split_isolated(utf8::sanitize(text), digits, split);
+  std::vector<std::string> out;
+  out.reserve(split.size() * 2);
+  for (const std::string& p : split) split_isolated(p, gpt2, out);
+  return out;
+}
+
 void write_tokenizer_json(const std::string& path, const std::vector<std::string>& vocab,
                           const std::vector<std::pair<std::string, std::string>>& merges,
                           const std::vector<AddedToken>& added_tokens, bool isolate_digits) {

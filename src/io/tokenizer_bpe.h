@@ -59,6 +59,12 @@ struct BpePreStep {
 const std::string& byte_level_symbol(uint8_t byte);
 std::string byte_level_encode(const std::string& bytes);
 
+// SmolLM2's pre-tokenisation of plain text (no added-token matching): invalid UTF-8 -> U+FFFD, then
+// Digits(individual_digits) then the ByteLevel GPT-2 regex. Returns the raw-byte pieces (not yet
+// byte-level encoded); concatenated they give the sanitised text. Used by the BPE trainer so it splits
+// text exactly as BpeTokenizer::encode does for a tokenizer written with isolate_digits.
+std::vector<std::string> pretokenize_smollm2(const std::string& text);
+
 // Writes a standard tokenizer.json (the layout of SmolLM2's: no normalizer, Digits(individual) when
 // isolate_digits, then ByteLevel; BPE model with [a, b] merges; ByteLevel decoder) that both this
 // class and Hugging Face tokenizers read. vocab[i] is the byte-level string of id i; added tokens
