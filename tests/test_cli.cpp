@@ -1,10 +1,13 @@
 // The command-line tool end to end: runs build/linearize as a user would and checks its output and
 // exit codes (help for every command, one clear error line for bad input).
 #include <array>
+#include <cmath>
+#include <set>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include "io/atomic_file.h"
 #include "io/token_shards.h"
 #include "test_util.h"
 
@@ -111,19 +114,27 @@ TEST(Cli, InfoGenerateAndPerplexityOnStories260K) {
   EXPECT_LT(p["ppl"].get<double>(), 30.0);  // a trained model on in-domain text
 }
 
-// The README's main job: with stories260K it tells llama2.c's story; with its own teacher it still runs
-// end to end (config, weights, tokenizer written and read back, generation through the KV cache).
-TEST(Cli, DemoRunsBothWays) {
-  const std::string out = tmp("demo-teacher");
-  auto r = run("demo --own-teacher --out " + out + " --max-new-tokens 16");
+// The README's main job, quick: every mixer appears in the comparison with finite numbers, and the
+// report folder holds the Markdown and the figures.
+TEST(Cli, DemoQuickComparesAllSevenMixers) {
+  const std::string out = tmp("demo");
+  auto r = run("demo --quick --out " + out);
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_TRUE(fs::exists(out + "/config.json"));
-  EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
-  EXPECT_TRUE(fs::exists(out + "/tokenizer.json"));
-  EXPECT_NE(r.out.find("16 tokens in"), std::string::npos) << r.out;
-  const std::string model = linearize::test::data_dir() + "/models/stories260K";
-  LINEARIZE_REQUIRE_PATH(model);
-  r = run("demo --model " + model + " --max-new-tokens 40");
-  ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("Once upon a time, there was a little girl named Lily."), std::string::npos) << r.out;
+  EXPECT_TRUE(fs::exists(out + "/report/report.md"));
+  EXPECT_TRUE(fs::exists(out + "/report/recall_by_length.svg"));
+  auto results = nlohmann::json::parse(linearize::read_file(out + "/report/results.json"));
+  std::set<std::string> models;
+  for (const auto& row : results) {
+    models.insert(row["model"].get<std::string>());
+    EXPECT_TRUE(std::isfinite(row["heldout_ppl"].get<double>())) << row.dump();
+    EXPECT_GT(row["heldout_ppl"].get<double>(), 1.0) << row.dump();
+    EXPECT_TRUE(std::isfinite(row["ppl_recovery"].get<double>())) << row.dump();
+    EXPECT_GE(row["recall_mean"].get<double>(), 0.0);
+    EXPECT_LE(row["recall_mean"].get<double>(), 1.0);
+    EXPECT_EQ(row["recall"].size(), 3u);
+  }
+  for (const char* m : {"teacher", "linear_attention", "retnet", "gla", "deltanet", "gated_deltanet", "kda", "mlstm"}) {
+    EXPECT_TRUE(models.count(m)) << m;
+    EXPECT_NE(r.out.find(std::string("| ") + m + " |"), std::string::npos) << m;  // the printed table
+  }
 }

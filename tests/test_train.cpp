@@ -6,6 +6,7 @@
 
 #include "io/error.h"
 #include "io/jsonl.h"
+#include "io/safetensors.h"
 #include "io/token_shards.h"
 #include "io/tokenizer.h"
 #include "test_util.h"

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "demo/corpus.h"
 #include "distill/stages.h"
 #include "eval/perplexity.h"
 #include "infer/generate.h"
