@@ -4,6 +4,7 @@
 #include <chrono>
 #include <iostream>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "io/bpe_trainer.h"
 #include "io/error.h"
