@@ -8,6 +8,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "compat/torch_compat.h"
 #include "io/error.h"
 #include "train/checkpoint.h"
 
@@ -104,7 +105,12 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     double loss_sum = 0;
     for (int64_t a = 0; a < o.grad_accum; ++a) {
       auto batch = loader.next(micro, o.device);
-      auto loss = step_fn(batch);
+      torch::Tensor loss;
+      {
+        // bf16 autocast on CUDA (fp32 master weights stay in the optimizer); plain fp32 on CPU.
+        compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, o.device.is_cuda());
+        loss = step_fn(batch).to(torch::kFloat);
+      }
       if (!std::isfinite(loss.item<double>()))
         throw Error(o.name + ": loss became " + std::to_string(loss.item<double>()) + " at step " +
                     std::to_string(s + 1) + " (lower the learning rate?)");

@@ -1,6 +1,7 @@
 // The training loop shared by pretraining, the three distillation stages and SFT: batches from a
 // WindowLoader, gradient accumulation, clipping, the LR schedule, a progress line on stderr,
-// metrics.jsonl, atomic checkpoints and exact resume.
+// metrics.jsonl, atomic checkpoints and exact resume. On CUDA the step runs under bf16 autocast while
+// the parameters and the optimizer state stay fp32.
 //
 // What a step computes is the caller's StepFn: given a micro-batch [b, seq_len + 1] it returns the
 // scalar loss to differentiate. The loop owns everything else.
