@@ -21,8 +21,8 @@ class Tokenizer;
 
 struct DemoCorpusOptions {
   int64_t documents = 2000;
-  int64_t sentences_per_document = 60;
-  int64_t facts_per_document = 3;
+  int64_t sentences_per_document = 40;
+  int64_t facts_per_document = 8;
   uint64_t seed = 1;
 };
 
