@@ -138,3 +138,18 @@ TEST(Cli, DemoQuickComparesAllSevenMixers) {
     EXPECT_NE(r.out.find(std::string("| ") + m + " |"), std::string::npos) << m;  // the printed table
   }
 }
+
+// Training commands read every option from --config JSON too; an unknown key is refused before any
+// work starts, naming the file and the key.
+TEST(Cli, ConfigFileUnknownKeyRefused) {
+  const std::string cfg = tmp("distill.json");
+  std::ofstream(cfg) << R"({"mixer": "gla", "seq_len": 64, "learning_rate": 0.1})";
+  auto r = run("distill --teacher /nonexistent --data x.u32 --out " + tmp("never") + " --config " + cfg);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find(cfg + ": unknown key \"learning_rate\""), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(tmp("never") + "/metrics.jsonl"));
+  std::ofstream(cfg) << R"({"mixer": "mamba"})";
+  r = run("distill --teacher /nonexistent --data x.u32 --out " + tmp("never") + " --config " + cfg);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("error:"), std::string::npos) << r.out;
+}

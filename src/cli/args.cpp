@@ -54,9 +54,14 @@ Args::Args(const CommandSpec& spec, const std::vector<std::string>& argv) : spec
     throw Error(where + ": missing argument " + spec.usage + " (see --help)");
   if (static_cast<int>(positional_.size()) > spec.max_positional)
     throw Error(where + ": unexpected argument \"" + positional_[spec.max_positional] + "\" (see --help)");
-  for (const auto& o : spec.options)
+  // With --config, required options may come from the file: checked once it is applied.
+  if (!values_.count("config")) check_required();
+}
+
+void Args::check_required() const {
+  for (const auto& o : spec_.options)
     if (o.required && !values_.count(o.name))
-      throw Error(where + ": missing required option --" + o.name + " " + o.value_name);
+      throw Error("linearize " + spec_.name + ": missing required option --" + o.name + " " + o.value_name);
 }
 
 const OptionSpec& Args::spec_of(const std::string& name) const {
@@ -165,6 +170,7 @@ void Args::apply_config_file(const std::string& path) {
       throw Error(path + ": key \"" + it.key() + "\" must be a string, number or list");
     }
   }
+  check_required();
 }
 
 std::string help_text(const CommandSpec& spec) {

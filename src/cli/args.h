@@ -53,6 +53,7 @@ class Args {
   void apply_config_file(const std::string& path);
 
  private:
+  void check_required() const;
   const OptionSpec& spec_of(const std::string& name) const;
   const CommandSpec& spec_;
   std::map<std::string, std::string> values_;

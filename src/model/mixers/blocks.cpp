@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include "ops/ops.h"
+
 namespace linearize::mixers {
 
 ShortConvImpl::ShortConvImpl(int64_t channels, int64_t width_, bool with_bias, bool silu_)
@@ -69,6 +71,20 @@ torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep
   auto y = conv->forward(x, step.get(name), step.state ? &cache : nullptr);
   step.put(name, cache);
   return y;
+}
+
+DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
+                        ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads) {
+  if (use_conv) {
+    q = conv_step(q_conv, q, step, "conv_q");
+    k = conv_step(k_conv, k, step, "conv_k");
+    v = conv_step(v_conv, v, step, "conv_v");
+  } else {
+    q = torch::silu(q), k = torch::silu(k), v = torch::silu(v);
+  }
+  return {ops::l2_norm(split_heads(q, heads)),   // [B,T,H,Dk]
+          ops::l2_norm(split_heads(k, heads)),   // [B,T,H,Dk]
+          split_heads(v, heads)};                // [B,T,H,Dv]
 }
 
 }  // namespace linearize::mixers

@@ -65,4 +65,13 @@ struct MixerStep {
 // Short convs on q, k, v with their caches "conv_q", "conv_k", "conv_v" in the state.
 torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep& step, const std::string& name);
 
+// The delta-rule family's (DeltaNet, Gated DeltaNet, KDA) keys and values from the projected q, k, v
+// [B, T, H*D]: short convs with silu (or silu alone when use_conv is false), then per-head split and
+// L2 norm of q and k. Returns q, k [B, T, H, Dk] and v [B, T, H, Dv].
+struct DeltaQKV {
+  torch::Tensor q, k, v;
+};
+DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
+                        ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads);
+
 }  // namespace linearize::mixers

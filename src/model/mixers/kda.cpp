@@ -38,17 +38,8 @@ KDA::KDA(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
   const mixers::MixerStep step(state, T);
-  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);  // [B,T,H*Dk], [B,T,H*Dk], [B,T,H*Dv]
-  if (config.use_short_conv) {
-    q = mixers::conv_step(q_conv1d, q, step, "conv_q");
-    k = mixers::conv_step(k_conv1d, k, step, "conv_k");
-    v = mixers::conv_step(v_conv1d, v, step, "conv_v");
-  } else {
-    q = torch::silu(q), k = torch::silu(k), v = torch::silu(v);
-  }
-  q = ops::l2_norm(mixers::split_heads(q, H));  // [B,T,H,Dk]
-  k = ops::l2_norm(mixers::split_heads(k, H));  // [B,T,H,Dk]
-  v = mixers::split_heads(v, H);                // [B,T,H,Dv]
+  auto [q, k, v] = mixers::delta_rule_qkv(q_proj(x), k_proj(x), v_proj(x), config.use_short_conv, q_conv1d,
+                                          k_conv1d, v_conv1d, step, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
   auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,H]
   if (config.allow_neg_eigval) beta = beta * 2;
   auto f = f_proj->forward(x).to(torch::kFloat) + dt_bias.to(torch::kFloat);                   // [B,T,H*Dk]
