@@ -58,6 +58,10 @@ void WindowLoader::set_position(const Position& p) {
   order_epoch_ = -1;
 }
 
+void WindowLoader::set_position_json(const nlohmann::json& p) {
+  set_position({p.at("epoch").get<int64_t>(), p.at("index").get<int64_t>()});
+}
+
 torch::Tensor WindowLoader::next(int64_t batch, torch::Device device) {
   auto out = torch::empty({batch, seq_len_ + 1}, torch::kLong);
   auto* dst = out.data_ptr<int64_t>();

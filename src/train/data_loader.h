@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "train/batch_source.h"
+
 namespace linearize {
 
 struct TokenRange {
@@ -25,7 +27,7 @@ struct TokenRange {
 // all are < 1 and sum <= 1, token counts otherwise. Throws when they do not fit.
 std::vector<TokenRange> split_stream(int64_t n, const std::vector<double>& parts);
 
-class WindowLoader {
+class WindowLoader : public BatchSource {
  public:
   struct Position {
     int64_t epoch = 0;
@@ -37,7 +39,10 @@ class WindowLoader {
                const std::string& what = "training data");
 
   // [batch, seq_len + 1] int64 on `device`.
-  torch::Tensor next(int64_t batch, torch::Device device = torch::kCPU);
+  torch::Tensor next(int64_t batch, torch::Device device = torch::kCPU) override;
+  int64_t tokens_per_row() const override { return seq_len_; }
+  nlohmann::json position_json() const override { return {{"epoch", pos_.epoch}, {"index", pos_.index}}; }
+  void set_position_json(const nlohmann::json& p) override;
 
   int64_t num_windows() const { return num_windows_; }
   int64_t seq_len() const { return seq_len_; }

@@ -58,7 +58,7 @@ void append_metrics(const std::string& run_dir, const nlohmann::json& record) {
 }
 
 TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& trainable,
-                         WindowLoader& loader, const StepFn& step_fn, const TrainLoopOptions& o) {
+                         BatchSource& loader, const StepFn& step_fn, const TrainLoopOptions& o) {
   if (o.steps < 1) throw Error(o.name + ": the number of steps must be positive (more tokens or a smaller batch?)");
   if (o.grad_accum < 1 || o.batch % o.grad_accum != 0)
     throw Error(o.name + ": batch " + std::to_string(o.batch) + " is not divisible by grad_accum " +
@@ -77,7 +77,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
   if (o.resume && !ckpt.empty() && checkpoint_exists(ckpt)) {
     auto state = load_checkpoint(ckpt, module, *optimizer);
     start = state.at("step").get<int64_t>();
-    loader.set_position({state.at("loader_epoch").get<int64_t>(), state.at("loader_index").get<int64_t>()});
+    loader.set_position_json(state.at("data_position"));
     result.last_loss = state.value("loss", 0.0);
     truncate_metrics(o.run_dir, o.name, start);
     if (!o.quiet) std::cerr << "[" << o.name << "] resumed from " << ckpt << " at step " << start << "\n";
@@ -90,14 +90,13 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
 
   auto save = [&](int64_t step_done, double loss, bool finished) {
     if (ckpt.empty()) return;
-    const auto pos = loader.position();
     save_checkpoint(ckpt, module, *optimizer,
-                    {{"stage", o.name}, {"step", step_done}, {"loss", loss}, {"loader_epoch", pos.epoch},
-                     {"loader_index", pos.index}, {"seed", o.seed}, {"finished", finished}, {"steps", o.steps}});
+                    {{"stage", o.name}, {"step", step_done}, {"loss", loss}, {"data_position", loader.position_json()},
+                     {"seed", o.seed}, {"finished", finished}, {"steps", o.steps}});
   };
 
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t tokens_per_step = o.batch * loader.seq_len();
+  const int64_t tokens_per_step = o.batch * loader.tokens_per_row();
   for (int64_t s = start; s < o.steps; ++s) {
     const double lr = schedule.at(s);
     set_learning_rate(*optimizer, lr);

@@ -3,8 +3,9 @@
 // metrics.jsonl, atomic checkpoints and exact resume. On CUDA the step runs under bf16 autocast while
 // the parameters and the optimizer state stay fp32.
 //
-// What a step computes is the caller's StepFn: given a micro-batch [b, seq_len + 1] it returns the
-// scalar loss to differentiate. The loop owns everything else.
+// What a step computes is the caller's StepFn: given a micro-batch (rows of the BatchSource, e.g.
+// [b, seq_len + 1] token windows) it returns the scalar loss to differentiate. The loop owns
+// everything else.
 #pragma once
 #include <torch/torch.h>
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "train/batch_source.h"
 #include "train/data_loader.h"
 #include "train/optimizer_schedule.h"
 
@@ -47,7 +49,7 @@ using StepFn = std::function<torch::Tensor(const torch::Tensor& micro_batch)>;
 // `module` is what the checkpoint saves and restores (all its parameters); `trainable` are the
 // parameters the optimizer updates (with their names, for the weight-decay groups).
 TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& trainable,
-                         WindowLoader& loader, const StepFn& step, const TrainLoopOptions& options);
+                         BatchSource& data, const StepFn& step, const TrainLoopOptions& options);
 
 // Appends one JSON object per line to run_dir/metrics.jsonl.
 void append_metrics(const std::string& run_dir, const nlohmann::json& record);
