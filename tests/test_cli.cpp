@@ -15,20 +15,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Run {
-  int code;
-  std::string out;  // stdout and stderr together
-};
-
-Run run(const std::string& args) {
-  const std::string cmd = std::string(LINEARIZE_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WEXITSTATUS(status), out};
-}
+linearize::test::ToolRun run(const std::string& args) { return linearize::test::run_tool(args); }
 
 std::string tmp(const std::string& name) {
   auto d = fs::temp_directory_path() / ("linearize_cli_" + std::to_string(::getpid()));

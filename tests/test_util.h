@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -50,6 +54,22 @@ inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   double num = (a64 - b64).abs().max().item<double>();
   if (denom == 0) return num;
   return num / denom;
+}
+
+// Runs the built `linearize` tool with `args` (a shell command line) and returns its exit code and
+// its stdout and stderr together.
+struct ToolRun {
+  int code;
+  std::string out;
+};
+inline ToolRun run_tool(const std::string& args) {
+  const std::string cmd = std::string(LINEARIZE_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WEXITSTATUS(status), out};
 }
 
 }  // namespace linearize::test

@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <iostream>
 
 #include "cli/commands.h"
@@ -14,6 +15,7 @@ const std::vector<Command>& commands() {
       {"pretrain", "train a Llama teacher from scratch", cmd_pretrain},
       {"distill", "linearize a teacher: three-stage distillation into a mixer", cmd_distill},
       {"eval", "evaluate a model (eval ppl | tasks | niah | all)", cmd_eval},
+      {"launch", "run pretrain/distill/sft data parallel, one process per device (c10d: NCCL or Gloo)", cmd_launch},
       {"report", "Markdown tables and SVG figures from eval results", cmd_report},
       {"demo", "run the built-in default job (see README)", cmd_demo},
   };
@@ -21,6 +23,14 @@ const std::vector<Command>& commands() {
 }
 
 namespace {
+// "error: " or, in one of several launched processes, "error (rank N): ".
+std::string error_prefix() {
+  const char* rank = std::getenv("RANK");
+  const char* world = std::getenv("WORLD_SIZE");
+  if (!rank || !world || std::string(world) == "1") return "error: ";
+  return std::string("error (rank ") + rank + "): ";
+}
+
 void print_usage(std::ostream& out) {
   out << "usage: linearize <command> [options]\n\n"
          "Linearize pretrained Llama-architecture language models: replace softmax attention with\n"
@@ -46,13 +56,13 @@ int run_cli(int argc, char** argv) {
     try {
       return c.run(args);
     } catch (const Error& e) {
-      std::cerr << "error: " << e.what() << "\n";
+      std::cerr << error_prefix() << e.what() << "\n";
       return 1;
     } catch (const c10::Error& e) {
-      std::cerr << "error: " << e.what_without_backtrace() << "\n";
+      std::cerr << error_prefix() << e.what_without_backtrace() << "\n";
       return 1;
     } catch (const std::exception& e) {
-      std::cerr << "error: " << e.what() << "\n";
+      std::cerr << error_prefix() << e.what() << "\n";
       return 1;
     }
   }

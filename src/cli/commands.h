@@ -24,6 +24,7 @@ int cmd_demo(const std::vector<std::string>& args);
 int cmd_pretrain(const std::vector<std::string>& args);
 int cmd_distill(const std::vector<std::string>& args);
 int cmd_report(const std::vector<std::string>& args);
+int cmd_launch(const std::vector<std::string>& args);
 
 const std::vector<Command>& commands();
 

@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include "io/error.h"
+#include "train/data_parallel.h"
 
 namespace linearize::cli {
 
@@ -65,8 +66,8 @@ TrainLoopOptions loop_options(const Args& args) {
   o.log_every = args.integer("log-every");
   o.resume = args.flag("resume");
   if (args.has("stop-after")) o.stop_after = args.integer("stop-after");
-  o.quiet = args.flag("quiet");
-  o.device = parse_device(args.str("device"));
+  o.quiet = args.flag("quiet") || !is_main_process();  // under `launch`, rank 0 reports
+  o.device = device_for_rank(parse_device(args.str("device")));
   if (o.batch < 1) throw Error("--batch must be at least 1");
   return o;
 }

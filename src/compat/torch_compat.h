@@ -4,9 +4,22 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 
+namespace c10d {
+class ProcessGroup;
+class Backend;
+}  // namespace c10d
+
 namespace linearize::compat {
 
 inline constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
+
+// The c10d class that ProcessGroupGloo / ProcessGroupNCCL derive from and that carries the
+// collectives: ProcessGroup on 1.13, Backend since 2.0 (where ProcessGroup wraps backends).
+#if TORCH_VERSION_MAJOR >= 2
+using CommBackend = c10d::Backend;
+#else
+using CommBackend = c10d::ProcessGroup;
+#endif
 
 // Causal (or masked) softmax attention. q [B,H,Tq,D], k/v [B,H,Tk,D] (same head count: repeat KV
 // heads before calling). When causal, query i attends to keys 0 .. i + (Tk - Tq).

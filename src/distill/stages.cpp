@@ -10,6 +10,7 @@
 #include "model/model_io.h"
 #include "model/student.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
 
 namespace linearize {
 
@@ -194,7 +195,7 @@ DistillResult distill(const DistillOptions& o) {
     if (!r.finished) return result;  // stopped early (testing aid)
   }
   student->eval();
-  save_student(student, spec, o.out, o.teacher);
+  if (is_main_process()) save_student(student, spec, o.out, o.teacher);
   result.finished = true;
   if (!o.loop.quiet) std::cerr << "[distill] wrote student " << o.out << "\n";
   return result;

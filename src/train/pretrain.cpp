@@ -7,6 +7,7 @@
 #include "io/token_shards.h"
 #include "io/tokenizer.h"
 #include "model/model_io.h"
+#include "train/data_parallel.h"
 
 namespace linearize {
 
@@ -67,7 +68,7 @@ double pretrain(const PretrainOptions& o) {
   auto r = run_training(*model, params, loader, step, loop);
   if (!r.finished) return r.last_loss;  // stopped early (testing aid): the checkpoint holds the state
   model->eval();
-  save_model(model, o.out, o.tokenizer);
+  if (is_main_process()) save_model(model, o.out, o.tokenizer);
   if (!loop.quiet) std::cerr << "[pretrain] wrote " << o.out << " (final loss " << r.last_loss << ")\n";
   return r.last_loss;
 }

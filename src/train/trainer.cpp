@@ -11,6 +11,7 @@
 #include "compat/torch_compat.h"
 #include "io/error.h"
 #include "train/checkpoint.h"
+#include "train/data_parallel.h"
 
 namespace linearize {
 
@@ -60,10 +61,14 @@ void append_metrics(const std::string& run_dir, const nlohmann::json& record) {
 TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& trainable,
                          BatchSource& loader, const StepFn& step_fn, const TrainLoopOptions& o) {
   if (o.steps < 1) throw Error(o.name + ": the number of steps must be positive (more tokens or a smaller batch?)");
-  if (o.grad_accum < 1 || o.batch % o.grad_accum != 0)
+  // Data parallel when launched: every rank takes its own rows of each global batch.
+  DataParallelGroup* group = DataParallelGroup::get(o.device);
+  const int64_t world = group ? group->world_size() : 1, rank = group ? group->rank() : 0;
+  if (o.grad_accum < 1 || o.batch % (world * o.grad_accum) != 0)
     throw Error(o.name + ": batch " + std::to_string(o.batch) + " is not divisible by grad_accum " +
-                std::to_string(o.grad_accum));
-  const int64_t micro = o.batch / o.grad_accum;
+                std::to_string(o.grad_accum) + (world > 1 ? " x " + std::to_string(world) + " processes" : ""));
+  const int64_t per_rank = o.batch / world, micro = per_rank / o.grad_accum;
+  const bool main_rank = rank == 0, quiet = o.quiet || !main_rank;
   auto optimizer = make_adamw(trainable, o.optimizer, o.schedule.lr);
   Schedule schedule = o.schedule;
   schedule.total_steps = o.steps;
@@ -75,12 +80,14 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
   int64_t start = 0;
   TrainResult result;
   if (o.resume && !ckpt.empty() && checkpoint_exists(ckpt)) {
+    // Every rank reads the same checkpoint; the data position is global, so the number of
+    // processes may differ from the run that wrote it.
     auto state = load_checkpoint(ckpt, module, *optimizer);
     start = state.at("step").get<int64_t>();
     loader.set_position_json(state.at("data_position"));
     result.last_loss = state.value("loss", 0.0);
-    truncate_metrics(o.run_dir, o.name, start);
-    if (!o.quiet) std::cerr << "[" << o.name << "] resumed from " << ckpt << " at step " << start << "\n";
+    if (main_rank) truncate_metrics(o.run_dir, o.name, start);
+    if (!quiet) std::cerr << "[" << o.name << "] resumed from " << ckpt << " at step " << start << "\n";
     if (state.value("finished", false) || start >= o.steps) {
       result.steps_done = start;
       result.finished = true;
@@ -88,11 +95,25 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     }
   }
 
+  std::unique_ptr<GradientSync> sync;
+  if (group) {
+    std::vector<torch::Tensor> replica;
+    for (const auto& p : module.parameters()) replica.push_back(p);
+    for (const auto& b : module.buffers()) replica.push_back(b);
+    group->broadcast_from_rank0(replica);
+    sync = std::make_unique<GradientSync>(*group, params);
+    if (!quiet)
+      std::cerr << "[" << o.name << "] data parallel over " << world << " processes: " << per_rank
+                << " sequences each per step, gradients in " << sync->num_buckets() << " buckets\n";
+  }
+
   auto save = [&](int64_t step_done, double loss, bool finished) {
     if (ckpt.empty()) return;
-    save_checkpoint(ckpt, module, *optimizer,
-                    {{"stage", o.name}, {"step", step_done}, {"loss", loss}, {"data_position", loader.position_json()},
-                     {"seed", o.seed}, {"finished", finished}, {"steps", o.steps}});
+    if (main_rank)
+      save_checkpoint(ckpt, module, *optimizer,
+                      {{"stage", o.name}, {"step", step_done}, {"loss", loss}, {"data_position", loader.position_json()},
+                       {"seed", o.seed}, {"finished", finished}, {"steps", o.steps}, {"world_size", world}});
+    if (group) group->barrier();  // no rank runs ahead of a checkpoint being written
   };
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -101,33 +122,39 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     const double lr = schedule.at(s);
     set_learning_rate(*optimizer, lr);
     optimizer->zero_grad();
-    double loss_sum = 0;
+    // The global batch is drawn on every rank (the order depends only on the seed); each keeps its rows.
+    auto rows = loader.next(o.batch, torch::kCPU).narrow(0, rank * per_rank, per_rank);
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
     for (int64_t a = 0; a < o.grad_accum; ++a) {
-      auto batch = loader.next(micro, o.device);
+      auto batch = rows.narrow(0, a * micro, micro).to(o.device);
       torch::Tensor loss;
       {
         // bf16 autocast on CUDA (fp32 master weights stay in the optimizer); plain fp32 on CPU.
         compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, o.device.is_cuda());
         loss = step_fn(batch).to(torch::kFloat);
       }
-      if (!std::isfinite(loss.item<double>()))
-        throw Error(o.name + ": loss became " + std::to_string(loss.item<double>()) + " at step " +
-                    std::to_string(s + 1) + " (lower the learning rate?)");
+      if (sync) sync->arm(a + 1 == o.grad_accum);
       (loss / static_cast<double>(o.grad_accum)).backward();
-      loss_sum += loss.item<double>();
+      loss_sum += loss.detach().to(torch::kCPU, torch::kDouble);
     }
+    if (sync) sync->finish();  // .grad = mean over ranks of each rank's mean over its micro-batches
+    double loss = loss_sum.item<double>() / static_cast<double>(o.grad_accum);
+    if (group) loss = group->mean(loss);
+    if (!std::isfinite(loss))
+      throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
+                  " (lower the learning rate?)");
     double grad_norm = 0;
     if (o.clip > 0 && !params.empty()) grad_norm = torch::nn::utils::clip_grad_norm_(params, o.clip);
     optimizer->step();
-    const double loss = loss_sum / static_cast<double>(o.grad_accum);
     result.last_loss = loss;
     const int64_t done = s + 1;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tok_s = static_cast<double>((done - start) * tokens_per_step) / std::max(elapsed, 1e-9);
-    append_metrics(o.run_dir, {{"stage", o.name}, {"step", done}, {"loss", loss}, {"lr", lr},
-                               {"grad_norm", grad_norm}, {"tokens", done * tokens_per_step},
-                               {"tokens_per_s", tok_s}, {"elapsed_s", elapsed}});
-    if (!o.quiet && (done % std::max<int64_t>(o.log_every, 1) == 0 || done == o.steps || done == start + 1)) {
+    if (main_rank)
+      append_metrics(o.run_dir, {{"stage", o.name}, {"step", done}, {"loss", loss}, {"lr", lr},
+                                 {"grad_norm", grad_norm}, {"tokens", done * tokens_per_step},
+                                 {"tokens_per_s", tok_s}, {"elapsed_s", elapsed}});
+    if (!quiet && (done % std::max<int64_t>(o.log_every, 1) == 0 || done == o.steps || done == start + 1)) {
       const double eta = elapsed / static_cast<double>(done - start) * static_cast<double>(o.steps - done);
       std::cerr << "[" << o.name << "] step " << done << "/" << o.steps << "  loss " << std::setprecision(5)
                 << loss << "  lr " << std::setprecision(3) << lr << "  " << static_cast<int64_t>(tok_s)

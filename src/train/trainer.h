@@ -1,7 +1,11 @@
 // The training loop shared by pretraining, the three distillation stages and SFT: batches from a
 // WindowLoader, gradient accumulation, clipping, the LR schedule, a progress line on stderr,
 // metrics.jsonl, atomic checkpoints and exact resume. On CUDA the step runs under bf16 autocast while
-// the parameters and the optimizer state stay fp32.
+// the parameters and the optimizer state stay fp32. In a process started by a launcher (RANK,
+// WORLD_SIZE, ... in the environment; see data_parallel.h) the loop trains data parallel: each rank
+// computes its share of every global batch, gradients are averaged across ranks, and only rank 0
+// logs and writes checkpoints. `batch` stays the global batch, so results do not depend on the
+// number of processes (up to fp32 round-off).
 //
 // What a step computes is the caller's StepFn: given a micro-batch (rows of the BatchSource, e.g.
 // [b, seq_len + 1] token windows) it returns the scalar loss to differentiate. The loop owns
