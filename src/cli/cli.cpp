@@ -13,7 +13,9 @@ const std::vector<Command>& commands() {
       {"generate", "generate text from a teacher or student model, streaming", cmd_generate},
       {"pretrain", "train a Llama teacher from scratch", cmd_pretrain},
       {"distill", "linearize a teacher: three-stage distillation into a mixer", cmd_distill},
-      {"eval", "evaluate a model (eval ppl | tasks | niah | all)", cmd_eval},
+      {"sft", "supervised fine-tuning on conversations (ChatML, loss on assistant tokens)", cmd_sft},
+      {"chat", "chat with a fine-tuned model in the terminal, streaming", cmd_chat},
+      {"eval", "evaluate a model (eval ppl | tasks | niah | instruct | all)", cmd_eval},
       {"report", "Markdown tables and SVG figures from eval results", cmd_report},
       {"demo", "run the built-in default job (see README)", cmd_demo},
   };
