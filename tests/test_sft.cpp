@@ -238,7 +238,7 @@ std::string write_chat_data(const std::string& path) {
 
 }  // namespace
 
-TEST(SftRun, TinyRunLowersAssistantLossAndResumes) {
+TEST(SftRun, TinyRunLowersAssistantLoss) {
   const std::string model = save_tiny("sft_teacher", tiny_teacher(263));
   SftOptions o;
   o.model = model;
