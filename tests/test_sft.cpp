@@ -44,6 +44,7 @@ LlamaConfig tiny_config(int64_t vocab) {
   c.num_key_value_heads = 2;
   c.head_dim = 8;
   c.intermediate_size = 64;
+  c.rope_theta = 10000;
   c.tie_word_embeddings = true;
   c.eos_token_ids = {0};
   c.raw = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}};
