@@ -383,3 +383,24 @@ TEST(InstructEval, ScoresItemsOfATinyModel) {
   EXPECT_LE(r["rouge_l"].get<double>(), 1.0);
   EXPECT_EQ(r["samples"][1]["reference"], "3");
 }
+
+TEST(InstructEval, CommandLineAndHelp) {
+  auto sh = [](const std::string& args) {
+    FILE* p = popen((std::string(LINEARIZE_BINARY) + " " + args + " 2>&1").c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+    return std::make_pair(WEXITSTATUS(pclose(p)), out);
+  };
+  const std::string model = save_tiny("cli_instruct", tiny_teacher(263, 4));
+  const std::string data = tmpdir("cli_instruct_data") + "/items.jsonl";
+  write_text(data, R"({"instruction": "say hi", "output": "hi"})" "\n");
+  auto [code, out] = sh("eval instruct --model " + model + " --data " + data + " --max-new-tokens 3 --json");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("\"rouge_l\""), std::string::npos) << out;
+  for (const char* c : {"sft --help", "chat --help", "eval instruct --help"}) EXPECT_EQ(sh(c).first, 0) << c;
+  EXPECT_NE(sh("distill --help").second.find("--recipe NAME"), std::string::npos);
+  auto bad = sh("sft --model " + model + " --data " + data + "x --out " + tmpdir("never"));
+  EXPECT_EQ(bad.first, 1);
+  EXPECT_NE(bad.second.find(data + "x"), std::string::npos) << bad.second;
+}

@@ -38,7 +38,7 @@ int eval_instruct(const std::vector<std::string>& argv) {
                     {"data", "FILE", "jsonl items (self-instruct, instruction/output or messages)", default_instruct_data()},
                     {"limit", "N", "score only the first N items"},
                     {"max-new-tokens", "N", "answer length at most", "128"},
-                    {"system", "TEXT", "system prompt", ""},
+                    {"system", "TEXT", "system prompt (default: none)"},
                     {"json", "", "print the results JSON on stdout"},
                     {"out", "FILE", "also write the results JSON to FILE"},
                     device_option()},
@@ -51,7 +51,7 @@ int eval_instruct(const std::vector<std::string>& argv) {
   auto model = load_model(folder, lo);
   auto tok = model_tokenizer(folder);
   auto r = run_instruct_eval(model, *tok, folder, args.str("data"), args.has("limit") ? args.integer("limit") : 0,
-                             args.integer("max-new-tokens"), args.str("system"));
+                             args.integer("max-new-tokens"), args.maybe("system").value_or(""));
   if (args.has("out"))
     write_file_atomic(args.str("out"), [&](std::ostream& out) { out << r.dump(2) << "\n"; });
   if (args.flag("json")) std::cout << r.dump() << "\n";
