@@ -3,6 +3,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/sft_options.h"
+#include "distill/recipes.h"
 #include "distill/stages.h"
 #include "io/error.h"
 
@@ -43,6 +45,10 @@ int cmd_distill(const std::vector<std::string>& argv) {
       "presets: default (teacher head layout, corrected KDA gate, MSE stage 2, per-token KL)\n"
       "         paper   (as the study ran it: fla head counts, L2 stage-2 loss, constant stage-2 LR,\n"
       "                  batchmean KL)\n"
+      "recipes: standard (the stages above)\n"
+      "         instruct (instruction-aware distillation: stages 1-2 against an instruction-tuned\n"
+      "                   teacher -> OUT/distilled, then `sft` of that student on --sft-data -> OUT;\n"
+      "                   --system/--epochs/--packing/--max-steps and --sft-lr/--sft-seq-len apply to it)\n"
       "Every option can also come from --config FILE (a JSON object, e.g. {\"mixer\": \"gla\", \"seq-len\": 256}).",
       {{"teacher", "DIR", "teacher model folder (Hugging Face Llama)", "", true},
        {"mixer", "NAME", "mixer kind (see below)", "", true},
@@ -63,9 +69,14 @@ int cmd_distill(const std::vector<std::string>& argv) {
        {"ce-weight", "X", "stage-3 cross-entropy weight", "1.0"},
        {"kl-weight", "X", "stage-3 KL weight", "1.0"},
        {"kl-temperature", "T", "stage-3 KL temperature", "1.0"},
-       {"kl-reduction", "KIND", "token_mean or batchmean (preset decides when absent)"}},
+       {"kl-reduction", "KIND", "token_mean or batchmean (preset decides when absent)"},
+       {"recipe", "NAME", "standard or instruct (see below)", "standard"},
+       {"sft-data", "FILE", "instruct recipe: jsonl conversations for the SFT step"},
+       {"sft-lr", "X", "instruct recipe: SFT learning rate (cosine)", "3e-4"},
+       {"sft-seq-len", "N", "instruct recipe: SFT sequence length", "1024"}},
       0,
       0};
+  for (auto& opt : sft_options()) spec.options.push_back(opt);
   for (auto& opt : training_options("", "")) spec.options.push_back(opt);
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
@@ -95,6 +106,19 @@ int cmd_distill(const std::vector<std::string>& argv) {
   o.kl_weight = args.number("kl-weight");
   o.kl_temperature = args.number("kl-temperature");
   o.loop = loop_options(args);
+  if (args.str("recipe") == "instruct") {
+    if (!args.has("sft-data")) throw Error("--recipe instruct needs --sft-data FILE (jsonl conversations)");
+    SftOptions s = sft_settings(args);
+    s.data = args.str("sft-data");
+    s.seq_len = args.integer("sft-seq-len");
+    s.loop.schedule.lr = args.number("sft-lr");
+    s.loop.schedule.kind = "cosine";
+    auto r = run_instruct_recipe(o, s);
+    if (!r.distill.finished || !r.sft.finished) std::cerr << "[distill] stopped early (--stop-after); resume with --resume\n";
+    return 0;
+  }
+  if (args.str("recipe") != "standard")
+    throw Error("--recipe: unknown recipe \"" + args.str("recipe") + "\" (expected standard or instruct)");
   auto r = distill(o);
   if (!r.finished) std::cerr << "[distill] stopped early (--stop-after); resume with --resume\n";
   return 0;

@@ -269,7 +269,7 @@ int eval_all(const std::vector<std::string>& argv) {
 
 int cmd_eval(const std::vector<std::string>& argv) {
   const std::string usage =
-      "usage: linearize eval ppl|tasks|niah|all [options]   (run `linearize eval <what> --help`)\n";
+      "usage: linearize eval ppl|tasks|niah|instruct|all [options]   (run `linearize eval <what> --help`)\n";
   if (argv.empty() || argv[0] == "--help" || argv[0] == "-h") {
     std::cout << usage;
     return argv.empty() ? 2 : 0;
@@ -278,8 +278,9 @@ int cmd_eval(const std::vector<std::string>& argv) {
   if (argv[0] == "ppl") return eval_ppl(rest);
   if (argv[0] == "tasks") return eval_tasks(rest);
   if (argv[0] == "niah") return eval_niah(rest);
+  if (argv[0] == "instruct") return eval_instruct(rest);
   if (argv[0] == "all") return eval_all(rest);
-  throw Error("linearize eval: unknown evaluation \"" + argv[0] + "\" (available: ppl, tasks, niah, all)");
+  throw Error("linearize eval: unknown evaluation \"" + argv[0] + "\" (available: ppl, tasks, niah, instruct, all)");
 }
 
 }  // namespace linearize::cli

@@ -25,6 +25,11 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, LayerState* stat
   return out;
 }
 
+torch::Tensor DecoderLayerImpl::forward_packed(const torch::Tensor& x, const PackedRows& rows) {
+  auto h = x + mixer->forward_packed(input_layernorm(x), rows);
+  return h + mlp(post_attention_layernorm(h));
+}
+
 CausalLMImpl::CausalLMImpl(const LlamaConfig& c, const MixerFactory& mixer_for) : config(c) {
   model = register_module("model", Backbone());
   model->embed_tokens = model->register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
@@ -58,6 +63,12 @@ torch::Tensor CausalLMImpl::hidden_states(const torch::Tensor& ids, ModelState* 
   auto h = model->norm(x);
   if (trace) trace->final_norm_out = h;
   return h;
+}
+
+torch::Tensor CausalLMImpl::hidden_states_packed(const torch::Tensor& ids, const PackedRows& rows) {
+  auto x = model->embed_tokens(ids);  // [B,T,hidden]
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) x = layer(i)->forward_packed(x, rows);
+  return model->norm(x);
 }
 
 torch::Tensor CausalLMImpl::logits_from_hidden(const torch::Tensor& h) {

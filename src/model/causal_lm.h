@@ -31,6 +31,7 @@ class DecoderLayerImpl : public torch::nn::Module {
  public:
   DecoderLayerImpl(const LlamaConfig& c, std::shared_ptr<TokenMixer> mixer, const std::string& mixer_name);
   torch::Tensor forward(const torch::Tensor& x, LayerState* state, Trace* trace = nullptr);
+  torch::Tensor forward_packed(const torch::Tensor& x, const PackedRows& rows);
 
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   std::shared_ptr<TokenMixer> mixer;
@@ -60,6 +61,8 @@ class CausalLMImpl : public torch::nn::Module {
   // The final-norm hidden states [B, T, hidden] (before lm_head).
   torch::Tensor hidden_states(const torch::Tensor& ids, ModelState* state = nullptr, Trace* trace = nullptr);
   torch::Tensor logits_from_hidden(const torch::Tensor& h);
+  // hidden_states for rows of packed documents (token_mixer.h): each document as if run alone.
+  torch::Tensor hidden_states_packed(const torch::Tensor& ids, const PackedRows& rows);
 
   DecoderLayer layer(int64_t i) const;
   int64_t num_layers() const { return config.num_hidden_layers; }

@@ -60,6 +60,13 @@ torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t start) const {
   return x * cos + rotate_half(x) * sin;
 }
 
+torch::Tensor Rotary::apply_at(const torch::Tensor& x, const torch::Tensor& pos) const {
+  auto freqs = pos.to(x.device(), torch::kFloat).unsqueeze(-1) * inv_freq_.to(x.device());  // [B,T,D/2]
+  auto emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);                                   // [B,1,T,D]
+  auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  return x * cos + rotate_half(x) * sin;
+}
+
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
   if (groups == 1) return x;
   const auto B = x.size(0), Hkv = x.size(1), T = x.size(2), D = x.size(3);
@@ -100,6 +107,37 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state)
   const int64_t groups = num_heads / num_kv_heads;
   auto o = compat::attention(q, repeat_kv(k, groups), repeat_kv(v, groups), /*causal=*/true,
                              1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B,H,T,D]
+  return o_proj(o.transpose(1, 2).reshape({B, T, num_heads * head_dim}));
+}
+
+torch::Tensor LlamaAttention::forward_packed(const torch::Tensor& x, const PackedRows& rows) {
+  const auto B = x.size(0), T = x.size(1);
+  // Per token: its document number within the row and its position inside that document.
+  std::vector<int64_t> doc(B * T), pos(B * T);
+  for (int64_t b = 0; b < B; ++b) {
+    const auto& s = rows.starts.at(b);
+    int64_t d = -1;
+    for (int64_t t = 0, begin = 0; t < T; ++t) {
+      if (d + 1 < static_cast<int64_t>(s.size()) && s[d + 1] == t) ++d, begin = t;
+      doc[b * T + t] = d;
+      pos[b * T + t] = t - begin;
+    }
+  }
+  auto doc_t = torch::tensor(doc, torch::kLong).view({B, T}).to(x.device());
+  auto pos_t = torch::tensor(pos, torch::kLong).view({B, T}).to(x.device());
+  auto q = q_proj(x).view({B, T, num_heads, head_dim}).transpose(1, 2);     // [B,H,T,D]
+  auto k = k_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
+  auto v = v_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
+  q = rotary_.apply_at(q, pos_t);
+  k = rotary_.apply_at(k, pos_t);
+  const int64_t groups = num_heads / num_kv_heads;
+  auto causal = torch::ones({T, T}, doc_t.options().dtype(torch::kBool)).tril();          // [T,T]
+  auto mask = doc_t.unsqueeze(2).eq(doc_t.unsqueeze(1)).logical_and(causal).unsqueeze(1);  // [B,1,T,T]
+  auto scores = torch::matmul(q, repeat_kv(k, groups).transpose(-2, -1)) /
+                std::sqrt(static_cast<double>(head_dim));  // [B,H,T,T]
+  scores = scores.masked_fill(mask.logical_not(), -INFINITY);
+  auto probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
+  auto o = torch::matmul(probs, repeat_kv(v, groups));  // [B,H,T,D]
   return o_proj(o.transpose(1, 2).reshape({B, T, num_heads * head_dim}));
 }
 

@@ -29,6 +29,8 @@ class Rotary {
   std::pair<torch::Tensor, torch::Tensor> tables(int64_t start, int64_t length, torch::Device device) const;
   // x [B, H, T, D] rotated for positions start..start+T-1 (rotate-half layout).
   torch::Tensor apply(const torch::Tensor& x, int64_t start) const;
+  // x [B, H, T, D] rotated for per-token positions pos [B, T] (int64).
+  torch::Tensor apply_at(const torch::Tensor& x, const torch::Tensor& pos) const;
   const torch::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
@@ -43,6 +45,9 @@ class LlamaAttention : public TokenMixer {
  public:
   explicit LlamaAttention(const LlamaConfig& c);
   torch::Tensor forward(const torch::Tensor& x, LayerState* state) override;
+  // Block-diagonal causal mask: query i sees key j iff j <= i and both are in the same document;
+  // RoPE positions restart at 0 at each document start.
+  torch::Tensor forward_packed(const torch::Tensor& x, const PackedRows& rows) override;
   std::string kind() const override { return "softmax_attention"; }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
