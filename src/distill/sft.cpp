@@ -11,6 +11,7 @@
 #include "io/error.h"
 #include "model/model_io.h"
 #include "model/student.h"
+#include "train/data_parallel.h"
 
 namespace linearize {
 
@@ -165,8 +166,10 @@ SftResult run_sft(const SftOptions& o) {
   if (!r.finished) return result;
   result.loss_after = mean_loss();
   model->eval();
-  save_model(model, o.out, o.model);
-  write_chat_tokenizer_files(o.out, added);
+  if (is_main_process()) {  // under `launch`, rank 0 writes
+    save_model(model, o.out, o.model);
+    write_chat_tokenizer_files(o.out, added);
+  }
   result.finished = true;
   if (!o.loop.quiet)
     std::cerr << "[sft] assistant-token loss on the first " << probe.size(0) << " rows: " << result.loss_before

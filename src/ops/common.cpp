@@ -15,6 +15,10 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
+#ifdef LINEARIZE_WITH_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
 namespace linearize::ops {
 
 torch::Tensor l2_norm(const torch::Tensor& x, double eps) {
@@ -147,5 +151,39 @@ torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const
   return gated_scores(std::vector<torch::Tensor>{X}, Y, G, strict)[0];
 }
 
+std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
+                                          const torch::Tensor& h0, double scale) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (!fused_kernels_enabled() || !q.is_cuda() || q.size(1) != 1 || v.scalar_type() == torch::kDouble) return std::nullopt;
+  const int64_t B = q.size(0), H = q.size(2), K = q.size(3), V = v.size(3);
+  auto S = h0.defined() ? h0 : torch::zeros({B, H, K, V}, v.options().dtype(torch::kFloat));
+  torch::Tensor gs;  // [H], [B,H] or [B,H,K]
+  if (kind == GateKind::Fixed) gs = g;
+  else if (kind == GateKind::Scalar || kind == GateKind::Vector) gs = g.select(1, 0);
+  auto [o, S_new] = cuda_kernels::recurrent_step(q.select(1, 0), k.select(1, 0), v.select(1, 0), gs,
+                                                 beta.defined() ? beta.select(1, 0) : torch::Tensor(), S, scale);
+  return OpResult{o.unsqueeze(1), S_new};
+#else
+  (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale;
+  return std::nullopt;
+#endif
+}
+
 }  // namespace detail
+
+namespace {
+bool g_fused = true;
+}
+
+void set_fused_kernels(bool on) { g_fused = on; }
+
+bool fused_kernels_enabled() {
+#ifdef LINEARIZE_WITH_CUDA
+  return g_fused;
+#else
+  return false;
+#endif
+}
+
 }  // namespace linearize::ops

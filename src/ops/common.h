@@ -11,8 +11,11 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "ops/ops.h"
 
 namespace linearize::ops::detail {
 
@@ -56,5 +59,12 @@ torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const
 // the scores of beta*K and of Q against K).
 std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
                                         const torch::Tensor& G, bool strict);
+
+// One decode step (T = 1) of family A (beta undefined) or B through the fused CUDA kernel, when it
+// applies: CUDA tensors, not fp64, fused kernels on. Otherwise nothing, and the caller runs its
+// libtorch form. Shapes as the recurrent ops: q, k [B,1,H,K], v [B,1,H,V], beta [B,1,H].
+std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                          const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
+                                          const torch::Tensor& h0, double scale);
 
 }  // namespace linearize::ops::detail

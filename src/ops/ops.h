@@ -56,6 +56,12 @@ MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const to
                         const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
                         double scale, double eps = 1e-6, int64_t chunk = 64);
 
+// Fused CUDA kernels (GPU build only; see ops/cuda/): a T = 1 call of gla_recurrent or
+// delta_rule_recurrent on CUDA runs as one kernel launch. On by default where compiled; turning them
+// off runs the libtorch form (tests and benchmarks compare the two).
+void set_fused_kernels(bool on);
+bool fused_kernels_enabled();  // compiled in and on
+
 // L2 normalisation over the last dim in fp32: x / sqrt(sum x^2 + eps), returned in x's dtype.
 torch::Tensor l2_norm(const torch::Tensor& x, double eps = 1e-6);
 

@@ -23,6 +23,7 @@ OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, co
     throw Error("delta_rule_recurrent: expected beta [B,T,H] = [" + std::to_string(B) + ", " +
                 std::to_string(T) + ", " + std::to_string(H) + "]");
   const auto kind = detail::gate_kind(g, B, T, H, K, "delta_rule_recurrent");
+  if (auto fused = detail::fused_decode_step(q, k, v, beta, g, kind, h0, scale)) return *fused;  // one CUDA launch
   const auto dt = detail::compute_dtype(v);
 
   auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]

@@ -16,6 +16,7 @@ OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const tor
   detail::check_qkv(q, k, v, "gla_recurrent");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const auto kind = detail::gate_kind(g, B, T, H, K, "gla_recurrent");
+  if (auto fused = detail::fused_decode_step(q, k, v, {}, g, kind, h0, scale)) return *fused;  // one CUDA launch
   const auto dt = detail::compute_dtype(v);
 
   auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]

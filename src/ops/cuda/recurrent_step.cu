@@ -1,0 +1,91 @@
+// The fused recurrent decode step (see kernels.h for the math and shapes).
+//
+// One thread block per (batch, head); each thread owns columns j of the state (the value dimension),
+// so every read and write of S is coalesced across the block. q, k and the per-channel decay sit in
+// shared memory (3 K floats). Family B reads its column twice (prediction S'^T k, then update); the
+// second read hits L2. Decode is bound by moving the state once in and once out.
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "ops/cuda/kernels.h"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+// gate_mode: 0 none, 1 fixed [H], 2 scalar [B,H], 3 vector [B,H,K].
+template <typename T>
+__global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                      const float* __restrict__ g, int gate_mode, const float* __restrict__ beta,
+                                      const float* __restrict__ S, float* __restrict__ S_new, T* __restrict__ o,
+                                      int H, int K, int V, float scale) {
+  extern __shared__ float shared[];
+  float* qs = shared;          // [K] scale * q
+  float* ks = shared + K;      // [K]
+  float* decay = shared + 2 * K;  // [K] exp(g)
+  const int bh = blockIdx.x, h = bh % H;
+  for (int i = threadIdx.x; i < K; i += blockDim.x) {
+    qs[i] = static_cast<float>(q[bh * K + i]) * scale;
+    ks[i] = static_cast<float>(k[bh * K + i]);
+    float lg = 0.f;
+    if (gate_mode == 1) lg = g[h];
+    else if (gate_mode == 2) lg = g[bh];
+    else if (gate_mode == 3) lg = g[bh * K + i];
+    decay[i] = __expf(lg);
+  }
+  __syncthreads();
+  const float* Sb = S + static_cast<size_t>(bh) * K * V;
+  float* Nb = S_new + static_cast<size_t>(bh) * K * V;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) {
+    float u = static_cast<float>(v[bh * V + j]);
+    if (beta != nullptr) {
+      float pred = 0.f;  // (S'^T k)_j
+      for (int i = 0; i < K; ++i) pred += decay[i] * Sb[i * V + j] * ks[i];
+      u = beta[bh] * (u - pred);
+    }
+    float out = 0.f;
+    for (int i = 0; i < K; ++i) {
+      const float s = decay[i] * Sb[i * V + j] + ks[i] * u;
+      Nb[i * V + j] = s;
+      out += qs[i] * s;
+    }
+    o[bh * V + j] = static_cast<T>(out);
+  }
+}
+
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, const torch::Tensor& k,
+                                                       const torch::Tensor& v, const torch::Tensor& g,
+                                                       const torch::Tensor& beta, const torch::Tensor& S,
+                                                       double scale) {
+  const int64_t B = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto vc = v.contiguous();
+  auto qc = q.to(vc.scalar_type()).contiguous(), kc = k.to(vc.scalar_type()).contiguous();
+  auto Sc = S.to(torch::kFloat).contiguous();
+  int gate_mode = 0;
+  torch::Tensor gc;
+  if (g.defined()) {
+    gc = g.to(torch::kFloat).contiguous();
+    gate_mode = g.dim() == 1 ? 1 : g.dim() == 2 ? 2 : 3;
+  }
+  torch::Tensor bc = beta.defined() ? beta.to(torch::kFloat).contiguous() : torch::Tensor();
+  auto S_new = torch::empty_like(Sc);
+  auto o = torch::empty({B, H, V}, vc.options());
+  const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (V + 31) / 32 * 32)));
+  const size_t smem = 3 * K * sizeof(float);
+  auto stream = at::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, vc.scalar_type(), "recurrent_step", [&] {
+    recurrent_step_kernel<scalar_t><<<static_cast<unsigned>(B * H), threads, smem, stream>>>(
+        qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
+        gc.defined() ? gc.data_ptr<float>() : nullptr, gate_mode, bc.defined() ? bc.data_ptr<float>() : nullptr,
+        Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
+        static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {o, S_new};
+}
+
+}  // namespace linearize::ops::cuda_kernels
