@@ -26,12 +26,7 @@ namespace fs = std::filesystem;
 constexpr double kLossTol = 2e-6;
 constexpr double kWeightTol = 1e-4;
 
-std::string tmpdir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("linearize_dp_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d.parent_path());
-  return d.string();
-}
+std::string tmpdir(const std::string& name) { return test::fresh_dir("dp", name); }
 
 // Tokenizer folder and a .u32 shard of the synthetic corpus.
 std::pair<std::string, std::string> data() {

@@ -33,11 +33,7 @@ struct Fixture {
   std::string dir, tokenizer, train, heldout, teacher;
 };
 
-std::string tmpdir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("linearize_distill_" + std::to_string(::getpid())) / name;
-  fs::create_directories(d);
-  return d.string();
-}
+std::string tmpdir(const std::string& name) { return test::fresh_dir("distill", name); }
 
 // Built once per test binary run: data shards and a pretrained tiny teacher.
 const Fixture& fixture() {

@@ -24,11 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string tmpdir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("linearize_sft_" + std::to_string(::getpid())) / name;
-  fs::create_directories(d);
-  return d.string();
-}
+std::string tmpdir(const std::string& name) { return test::fresh_dir("sft", name); }
 
 const std::string& byte_tok_dir() {
   static std::string d = test::write_byte_tokenizer(tmpdir("tok"));

@@ -21,12 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string tmpdir(const std::string& name) {
-  auto d = fs::temp_directory_path() / ("linearize_train_" + std::to_string(::getpid())) / name;
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string tmpdir(const std::string& name) { return test::fresh_dir("train", name); }
 
 // Tokenizer folder + shard of the synthetic corpus.
 std::pair<std::string, std::string> tiny_data() {

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -54,6 +55,14 @@ inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   double num = (a64 - b64).abs().max().item<double>();
   if (denom == 0) return num;
   return num / denom;
+}
+
+// An empty folder <tmp>/linearize_<suite>_<pid>/<name> (removed first if a run left it behind).
+inline std::string fresh_dir(const std::string& suite, const std::string& name) {
+  auto d = std::filesystem::temp_directory_path() / ("linearize_" + suite + "_" + std::to_string(::getpid())) / name;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d.string();
 }
 
 // Runs the built `linearize` tool with `args` (a shell command line) and returns its exit code and

@@ -14,7 +14,6 @@
 #include "eval/perplexity.h"
 #include "eval/recovery.h"
 #include "eval/tasks.h"
-#include "io/atomic_file.h"
 #include "io/error.h"
 #include "io/token_shards.h"
 
@@ -83,17 +82,6 @@ std::vector<OptionSpec> niah_options(const std::string& lengths, const std::stri
           {"seed", "S", "seed of keys and values", "0"}};
 }
 
-void write_json(const nlohmann::json& j, const std::string& path) {
-  const auto parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent);
-  write_file_atomic(path, [&](std::ostream& out) { out << j.dump(2) << "\n"; });
-}
-
-void progress_line(const std::string& what, int64_t done, int64_t total) {
-  std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
-  if (done == total) std::cerr << "\n";
-}
-
 nlohmann::json run_tasks(CausalLM& model, const Tokenizer& tok, const std::string& folder, const Args& args) {
   ScoreOptions so;
   so.batch = args.integer("batch");
@@ -154,12 +142,6 @@ void print_niah(const nlohmann::json& r) {
     std::printf("  %6.1f%%\n", 100 * r["per_length"][std::to_string(len)].get<double>());
   }
   std::printf("average %.1f%%\n", 100 * r["average"].get<double>());
-}
-
-void emit(const nlohmann::json& j, const Args& args, const std::function<void()>& print_text) {
-  if (args.has("out")) write_json(j, args.str("out"));
-  if (args.flag("json")) std::cout << j.dump() << "\n";
-  else print_text();
 }
 
 int eval_tasks(const std::vector<std::string>& argv) {

@@ -5,7 +5,6 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "eval/instruct.h"
-#include "io/atomic_file.h"
 
 namespace linearize::cli {
 
@@ -20,11 +19,8 @@ nlohmann::json run_instruct_eval(CausalLM& model, const Tokenizer& tok, const st
   o.limit = limit;
   o.max_new_tokens = max_new_tokens;
   o.system = system;
-  auto r = evaluate_instruct(model, tok, folder, o, [](int64_t done, int64_t total) {
-    std::cerr << "\rinstruct: " << done << "/" << total << std::flush;
-  });
-  std::cerr << "\n";
-  return r;
+  return evaluate_instruct(model, tok, folder, o,
+                           [](int64_t done, int64_t total) { progress_line("instruct:", done, total); });
 }
 
 int eval_instruct(const std::vector<std::string>& argv) {
@@ -52,10 +48,9 @@ int eval_instruct(const std::vector<std::string>& argv) {
   auto tok = model_tokenizer(folder);
   auto r = run_instruct_eval(model, *tok, folder, args.str("data"), args.has("limit") ? args.integer("limit") : 0,
                              args.integer("max-new-tokens"), args.maybe("system").value_or(""));
-  if (args.has("out"))
-    write_file_atomic(args.str("out"), [&](std::ostream& out) { out << r.dump(2) << "\n"; });
-  if (args.flag("json")) std::cout << r.dump() << "\n";
-  else std::cout << "instruct ROUGE-L " << 100 * r["rouge_l"].get<double>() << " over " << r["items"] << " items\n";
+  emit(r, args, [&] {
+    std::cout << "instruct ROUGE-L " << 100 * r["rouge_l"].get<double>() << " over " << r["items"] << " items\n";
+  });
   return 0;
 }
 

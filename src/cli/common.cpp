@@ -1,5 +1,9 @@
 #include "cli/common.h"
 
+#include <filesystem>
+#include <iostream>
+
+#include "io/atomic_file.h"
 #include "io/error.h"
 #include "train/data_parallel.h"
 
@@ -70,6 +74,23 @@ TrainLoopOptions loop_options(const Args& args) {
   o.device = device_for_rank(parse_device(args.str("device")));
   if (o.batch < 1) throw Error("--batch must be at least 1");
   return o;
+}
+
+void write_json(const nlohmann::json& j, const std::string& path) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  write_file_atomic(path, [&](std::ostream& out) { out << j.dump(2) << "\n"; });
+}
+
+void emit(const nlohmann::json& j, const Args& args, const std::function<void()>& print_text) {
+  if (args.has("out")) write_json(j, args.str("out"));
+  if (args.flag("json")) std::cout << j.dump() << "\n";
+  else print_text();
+}
+
+void progress_line(const std::string& what, int64_t done, int64_t total) {
+  std::cerr << "\r" << what << " " << done << "/" << total << std::flush;
+  if (done == total) std::cerr << "\n";
 }
 
 }  // namespace linearize::cli

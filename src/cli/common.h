@@ -3,9 +3,12 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/args.h"
 #include "io/tokenizer.h"
@@ -30,5 +33,13 @@ std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& t
 std::vector<OptionSpec> training_options(const std::string& default_lr, const std::string& default_schedule);
 // The loop options those flags describe (name, steps and run_dir are left to the caller).
 TrainLoopOptions loop_options(const Args& args);
+
+// Results of the eval commands: written to --out FILE (atomically, folders created) when given,
+// printed as one JSON line with --json, else as text by `print_text`.
+void write_json(const nlohmann::json& j, const std::string& path);
+void emit(const nlohmann::json& j, const Args& args, const std::function<void()>& print_text);
+
+// "\r<what> done/total" on stderr, ending the line when done == total.
+void progress_line(const std::string& what, int64_t done, int64_t total);
 
 }  // namespace linearize::cli

@@ -212,15 +212,20 @@ GradientSync::~GradientSync() {
   for (size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(hook_ids_[i]);
 }
 
+torch::Tensor GradientSync::slot(size_t i) const {
+  const auto& p = params_[i];
+  return buckets_[bucket_of_[i]].flat.narrow(0, static_cast<int64_t>(offset_of_[i]), p.numel()).view(p.sizes());
+}
+
 void GradientSync::on_gradient(size_t i, const torch::Tensor& grad) {
   torch::NoGradGuard ng;
   const auto& p = params_[i];
   auto& bucket = buckets_[bucket_of_[i]];
-  auto slot = bucket.flat.narrow(0, static_cast<int64_t>(offset_of_[i]), p.numel()).view(p.sizes());
-  slot.copy_(grad);
+  auto s = slot(i);
+  s.copy_(grad);
   // With accumulation, .grad holds the earlier micro-batches; autograd adds `grad` to it after this
   // hook, and finish() overwrites the sum with the mean over ranks.
-  if (p.grad().defined()) slot.add_(p.grad());
+  if (p.grad().defined()) s.add_(p.grad());
   if (!seen_[i]) {
     seen_[i] = true;
     if (++bucket.ready == bucket.members.size()) launch(bucket);
@@ -238,10 +243,9 @@ void GradientSync::finish() {
     if (bucket.pending) continue;
     for (size_t i : bucket.members) {
       if (seen_[i]) continue;
-      auto slot = bucket.flat.narrow(0, static_cast<int64_t>(offset_of_[i]), params_[i].numel()).view(params_[i].sizes());
-      if (params_[i].grad().defined()) slot.copy_(params_[i].grad());
+      if (params_[i].grad().defined()) slot(i).copy_(params_[i].grad());
       else {
-        slot.zero_();
+        slot(i).zero_();
         had_grad[i] = false;
       }
     }
@@ -257,9 +261,8 @@ void GradientSync::finish() {
     seen_[i] = false;
     if (!had_grad[i]) continue;  // stays without a gradient, as in a single process
     auto& p = params_[i];
-    auto slot = buckets_[bucket_of_[i]].flat.narrow(0, static_cast<int64_t>(offset_of_[i]), p.numel()).view(p.sizes());
-    if (p.grad().defined()) p.mutable_grad().copy_(slot).mul_(scale);
-    else p.mutable_grad() = slot.mul(scale);
+    if (p.grad().defined()) p.mutable_grad().copy_(slot(i)).mul_(scale);
+    else p.mutable_grad() = slot(i).mul(scale);
   }
 }
 

@@ -100,6 +100,8 @@ class GradientSync {
     size_t ready = 0;
     std::unique_ptr<DataParallelGroup::Pending> pending;
   };
+  // Parameter i's place in its bucket, shaped like the parameter.
+  torch::Tensor slot(size_t i) const;
   void on_gradient(size_t param, const torch::Tensor& grad);
   void launch(Bucket& bucket);
 
