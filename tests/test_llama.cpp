@@ -9,6 +9,7 @@
 #include "io/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/model_io.h"
+#include "model/student.h"
 #include "test_util.h"
 
 using namespace linearize;
@@ -84,7 +85,7 @@ TEST(LlamaGolden, MatchesTransformersOnCpu) {
   for (const auto& f : folders) check_golden_folder(f, torch::kCPU);
 }
 
-TEST(LlamaGolden, MatchesTransformersOnCuda) {
+TEST(CudaLlamaGolden, MatchesTransformers) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: CUDA not available";
   auto folders = golden_llama_folders();
   if (folders.empty()) GTEST_SKIP() << "skipped: no llama reference folders under " << test::golden_dir();
@@ -115,6 +116,47 @@ TEST(Llama, DecodeWithCacheEqualsFullForward) {
   // Restore the snapshot: the same continuation again.
   auto again = model->forward(ids.narrow(1, 7, 12), &snapshot);
   EXPECT_LT(test::rel_err(again, full.narrow(1, 7, 12)), 1e-5);
+}
+
+// Activation recomputation changes memory, not numbers: the loss and every gradient equal those of a
+// plain backward, for the teacher and a Gated DeltaNet student, also with the embedding frozen.
+TEST(Llama, RecomputeGivesTheSameGradients) {
+  torch::manual_seed(4);
+  LlamaConfig c;
+  c.vocab_size = 61; c.hidden_size = 32; c.intermediate_size = 48; c.num_hidden_layers = 3;
+  c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8; c.rope_theta = 1e4;
+  c.tie_word_embeddings = true;
+  CausalLM teacher(c);
+  init_weights_normal(*teacher, 0.2);
+  auto student = build_student(teacher, StudentSpec::make("gated_deltanet", "default", {}, c));
+  auto ids = torch::randint(0, c.vocab_size, {2, 24}, torch::kLong);
+  for (auto* model : {&teacher, &student}) {
+    for (bool freeze_embedding : {false, true}) {
+      (*model)->model->embed_tokens->weight.set_requires_grad(!freeze_embedding);
+      std::vector<torch::Tensor> plain, recomputed;
+      double loss_plain = 0, loss_recomputed = 0;
+      for (bool recompute : {false, true}) {
+        (*model)->recompute = recompute;
+        (*model)->zero_grad();
+        auto logits = (*model)->forward(ids.narrow(1, 0, 23));
+        auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab_size}), ids.narrow(1, 1, 23).reshape({-1}));
+        loss.backward();
+        (recompute ? loss_recomputed : loss_plain) = loss.item<double>();
+        for (auto& p : (*model)->named_parameters())
+          if (p.value().requires_grad()) {
+            ASSERT_TRUE(p.value().grad().defined()) << p.key() << (recompute ? " (recomputed)" : "");
+            (recompute ? recomputed : plain).push_back(p.value().grad().clone());
+          }
+      }
+      (*model)->recompute = false;
+      (*model)->model->embed_tokens->weight.set_requires_grad(true);
+      EXPECT_EQ(loss_plain, loss_recomputed);
+      ASSERT_EQ(plain.size(), recomputed.size());
+      double worst = 0;
+      for (size_t i = 0; i < plain.size(); ++i) worst = std::max(worst, test::rel_err(recomputed[i], plain[i]));
+      EXPECT_LE(worst, 1e-6) << (model == &teacher ? "teacher" : "student") << (freeze_embedding ? ", frozen embedding" : "");
+    }
+  }
 }
 
 // Saving and loading a model folder reproduces the logits exactly; a tensor missing from the file is

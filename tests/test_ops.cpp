@@ -51,15 +51,15 @@ struct ErrLog {
 };
 
 // Families A and B: in.q, in.k, in.v, in.h0, optional in.g / in.g_gamma and in.beta.
-void check_linear_golden(const SafetensorsFile& f) {
+void check_linear_golden(const SafetensorsFile& f, const torch::Device& dev = torch::kCPU) {
   const bool delta = f.contains("in.beta");
   std::map<std::string, torch::Tensor> in;
   for (const auto& name : f.names())
     if (name.rfind("in.", 0) == 0 && name != "in.do" && name != "in.dht")
-      in[name.substr(3)] = f.get(name).requires_grad_(true);
+      in[name.substr(3)] = f.get(name).to(dev).requires_grad_(true);
   torch::Tensor g = in.count("g") ? in["g"] : (in.count("g_gamma") ? in["g_gamma"] : torch::Tensor());
   const double scale = metadata_scale(f, in["q"].size(-1));
-  const auto dout = f.get("in.do"), dht = f.get("in.dht");
+  const auto dout = f.get("in.do").to(dev), dht = f.get("in.dht").to(dev);
   const auto want_o = f.get("out.o"), want_ht = f.get("out.ht");
 
   ErrLog log{base_name(f.path()), ""};
@@ -88,9 +88,9 @@ void check_linear_golden(const SafetensorsFile& f) {
 }
 
 // mLSTM: layout [B,H,T,D] in the file; ours is [B,T,H,D]. Forward only.
-void check_mlstm_golden(const SafetensorsFile& f) {
-  auto q = f.get("in.q").transpose(1, 2), k = f.get("in.k").transpose(1, 2), v = f.get("in.v").transpose(1, 2);
-  auto ig = f.get("in.igate_preact").transpose(1, 2), fg = f.get("in.fgate_preact").transpose(1, 2);
+void check_mlstm_golden(const SafetensorsFile& f, const torch::Device& dev = torch::kCPU) {
+  auto in = [&](const char* name) { return f.get(name).to(dev).transpose(1, 2); };
+  auto q = in("in.q"), k = in("in.k"), v = in("in.v"), ig = in("in.igate_preact"), fg = in("in.fgate_preact");
   const double scale = metadata_scale(f, q.size(-1));
   const auto want_h = f.get("out.h").transpose(1, 2), want_c = f.get("out.c"), want_n = f.get("out.n"),
              want_m = f.get("out.m");
@@ -107,7 +107,7 @@ void check_mlstm_golden(const SafetensorsFile& f) {
   }
 }
 
-TEST(OpsGolden, EveryOpsFile) {
+void check_every_ops_file(const torch::Device& dev) {
   const std::string dir = test::golden_dir() + "/ops";
   LINEARIZE_REQUIRE_PATH(dir);
   const auto files = test::files_in(dir, ".safetensors");
@@ -116,10 +116,19 @@ TEST(OpsGolden, EveryOpsFile) {
     SCOPED_TRACE(path);
     SafetensorsFile f(path);
     if (f.contains("in.igate_preact"))
-      check_mlstm_golden(f);
+      check_mlstm_golden(f, dev);
     else
-      check_linear_golden(f);
+      check_linear_golden(f, dev);
   }
+}
+
+TEST(OpsGolden, EveryOpsFile) { check_every_ops_file(torch::kCPU); }
+
+// The same files with every tensor on the GPU (fp32, TF32 off): the chunked, recurrent and fused
+// decode paths on CUDA against fla and xLSTM.
+TEST(CudaOpsGolden, EveryOpsFile) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: CUDA not available";
+  check_every_ops_file(torch::kCUDA);
 }
 
 // ---- random inputs ---------------------------------------------------------------------------------

@@ -45,6 +45,7 @@ std::vector<OptionSpec> training_options(const std::string& default_lr, const st
       {"resume", "", "continue from the run folder's checkpoints"},
       {"stop-after", "N", "stop after step N's checkpoint, as if killed (for testing resume)"},
       {"quiet", "", "no progress lines"},
+      {"recompute", "", "recompute each layer's activations in backward: much less memory, ~30% more time"},
       {"config", "FILE", "JSON file with any of these options ({\"seq-len\": 512, ...})"},
       device_option(),
   };
@@ -69,6 +70,7 @@ TrainLoopOptions loop_options(const Args& args) {
   o.checkpoint_every = args.integer("checkpoint-every");
   o.log_every = args.integer("log-every");
   o.resume = args.flag("resume");
+  o.recompute = args.flag("recompute");
   if (args.has("stop-after")) o.stop_after = args.integer("stop-after");
   o.quiet = args.flag("quiet") || !is_main_process();  // under `launch`, rank 0 reports
   o.device = device_for_rank(parse_device(args.str("device")));

@@ -29,6 +29,15 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 #endif
 }
 
+AutocastState autocast_state(torch::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  return {at::autocast::is_autocast_enabled(device), at::autocast::get_autocast_dtype(device)};
+#else
+  if (device == torch::kCUDA) return {at::autocast::is_enabled(), at::autocast::get_autocast_gpu_dtype()};
+  return {at::autocast::is_cpu_enabled(), at::autocast::get_autocast_cpu_dtype()};
+#endif
+}
+
 AutocastGuard::AutocastGuard(torch::DeviceType device, torch::ScalarType dtype, bool enabled)
     : device_(device), enabled_(enabled) {
   if (!enabled_) return;

@@ -27,6 +27,13 @@ using CommBackend = c10d::ProcessGroup;
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double scale);
 
+// Whether autocast is on for a device type, and its dtype (activation recomputation replays it).
+struct AutocastState {
+  bool enabled = false;
+  torch::ScalarType dtype = torch::kFloat;
+};
+AutocastState autocast_state(torch::DeviceType device);
+
 // RAII guard that turns on bf16 (or other low-precision) autocast for a device type and restores the
 // previous state when it leaves scope.
 class AutocastGuard {

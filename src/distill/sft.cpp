@@ -160,6 +160,7 @@ SftResult run_sft(const SftOptions& o) {
     auto t = sft_token_losses(model, batch, o.packing);
     return (t.loss * t.mask).sum() / t.mask.sum().clamp_min(1);
   };
+  model->recompute = loop.recompute;  // unpacked rows only: packed rows take hidden_states_packed
   model->train();
   auto r = run_training(*model, params, source, step, loop);
   result.steps = r.steps_done;

@@ -55,6 +55,8 @@ std::vector<std::pair<std::string, torch::Tensor>> params_with_prefix(torch::nn:
   return out;
 }
 
+}  // namespace
+
 torch::Tensor stage3_loss(const DistillOptions& o, const torch::Tensor& s_logits, const torch::Tensor& t_logits,
                           const torch::Tensor& targets) {
   const int64_t V = s_logits.size(-1);
@@ -70,8 +72,6 @@ torch::Tensor stage3_loss(const DistillOptions& o, const torch::Tensor& s_logits
   else kl = kl_tok.mean() * (T * T);
   return o.ce_weight * ce + o.kl_weight * kl;
 }
-
-}  // namespace
 
 DistillResult distill(const DistillOptions& o) {
   // Everything that can be wrong with the input is checked before any training starts.
@@ -92,6 +92,8 @@ DistillResult distill(const DistillOptions& o) {
 
   LoadOptions lo;
   lo.device = o.loop.device;
+  // On CUDA the teacher runs in bf16 (it only does inference); the student trains from fp32 weights.
+  if (lo.device.is_cuda()) lo.dtype = torch::kBFloat16;
   auto teacher = load_model(o.teacher, lo);
   if (teacher->config.raw.contains("linearize"))
     throw Error(o.teacher + ": the teacher is itself a linearized student; give a Llama teacher folder");
@@ -107,6 +109,8 @@ DistillResult distill(const DistillOptions& o) {
   torch::manual_seed(static_cast<int64_t>(o.loop.seed));
   std::vector<std::string> notes;
   auto student = build_student(teacher, spec, &notes);
+  student->to(torch::kFloat);  // fp32 master weights (the teacher may be bf16)
+  student->recompute = o.loop.recompute;
   student->train();
   if (!o.loop.quiet) {
     std::cerr << "[distill] " << o.mixer << " (" << o.preset << ") from " << o.teacher << ": "

@@ -57,4 +57,9 @@ struct DistillResult {
 
 DistillResult distill(const DistillOptions& options);
 
+// Stage 3's loss: ce_weight * CE(next token) + kl_weight * KL(teacher || student) at o.kl_temperature,
+// reduced as o.kl_reduction says; logits [B, T, V] (any float dtype, computed in fp32), targets [B, T].
+torch::Tensor stage3_loss(const DistillOptions& o, const torch::Tensor& s_logits, const torch::Tensor& t_logits,
+                          const torch::Tensor& targets);
+
 }  // namespace linearize

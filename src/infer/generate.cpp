@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "infer/graphed_step.h"
 #include "io/error.h"
 
 namespace linearize {
@@ -21,6 +22,15 @@ std::vector<int32_t> generate(CausalLM& model, const std::vector<int32_t>& promp
     auto ids = torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()), torch::kLong).to(device).unsqueeze(0);
     logits = model->forward(ids, &st).select(1, -1).squeeze(0);  // [V]
   }
+  // A student on CUDA decodes through a captured graph (one launch per token) when it can.
+  std::unique_ptr<GraphedDecodeStep> graph;
+  if (options.cuda_graph && options.max_new_tokens >= 8 && GraphedDecodeStep::usable(model, st)) {
+    try {
+      graph = std::make_unique<GraphedDecodeStep>(model, st, 1);
+    } catch (const Error&) {
+      graph.reset();  // the eager step below is always correct
+    }
+  }
   for (int64_t i = 0; i < options.max_new_tokens; ++i) {
     if (!logits.defined()) throw Error("generate: nothing to continue from");
     const int32_t next = static_cast<int32_t>(sampler.next(logits));
@@ -29,8 +39,9 @@ std::vector<int32_t> generate(CausalLM& model, const std::vector<int32_t>& promp
     if (std::find(options.stop_ids.begin(), options.stop_ids.end(), next) != options.stop_ids.end()) break;
     if (i + 1 == options.max_new_tokens) break;
     auto ids = torch::full({1, 1}, static_cast<int64_t>(next), torch::TensorOptions().dtype(torch::kLong).device(device));
-    logits = model->forward(ids, &st).select(1, -1).squeeze(0);
+    logits = graph ? graph->step(ids).select(1, -1).squeeze(0).clone() : model->forward(ids, &st).select(1, -1).squeeze(0);
   }
+  if (graph) st = graph->state();
   return out;
 }
 

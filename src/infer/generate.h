@@ -16,6 +16,7 @@ struct GenerateOptions {
   int64_t max_new_tokens = 128;
   SamplingOptions sampling;
   std::vector<int64_t> stop_ids;  // generation ends after emitting one of these
+  bool cuda_graph = true;         // students on CUDA: decode through a captured graph (infer/graphed_step.h)
 };
 
 // Returns the new tokens (the stop token included when one ended generation). on_token is called as

@@ -1,5 +1,7 @@
 #include "model/causal_lm.h"
 
+#include "model/recompute.h"
+
 namespace linearize {
 
 DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c, std::shared_ptr<TokenMixer> mixer_,
@@ -58,8 +60,9 @@ torch::Tensor CausalLMImpl::hidden_states(const torch::Tensor& ids, ModelState* 
   if (state && static_cast<int64_t>(state->size()) != config.num_hidden_layers)
     state->resize(config.num_hidden_layers);
   auto x = model->embed_tokens(ids);  // [B,T,hidden]
+  const bool recomputed = recompute && !state && !trace && torch::GradMode::is_enabled();
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
-    x = layer(i)->forward(x, state ? &(*state)[i] : nullptr, trace);
+    x = recomputed ? forward_recomputed(*layer(i), x) : layer(i)->forward(x, state ? &(*state)[i] : nullptr, trace);
   auto h = model->norm(x);
   if (trace) trace->final_norm_out = h;
   return h;

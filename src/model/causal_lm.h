@@ -70,6 +70,9 @@ class CausalLMImpl : public torch::nn::Module {
   torch::Tensor lm_head_weight() const;
 
   LlamaConfig config;
+  // Training aid: recompute each layer's activations in backward (model/recompute.h) when a
+  // stateless forward runs with gradients. Less memory, about one more forward pass of compute.
+  bool recompute = false;
   Backbone model{nullptr};
   torch::nn::Linear lm_head{nullptr};  // null when tied
 };

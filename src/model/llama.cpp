@@ -38,10 +38,16 @@ Rotary::Rotary(int64_t head_dim, double theta, const RopeScaling& scaling) {
   }
 }
 
+const torch::Tensor& Rotary::inv_freq_on(torch::Device device) const {
+  // Kept per device: a host-to-device copy in every layer of every decode step would stall the GPU.
+  if (!device_inv_freq_.defined() || device_inv_freq_.device() != device) device_inv_freq_ = inv_freq_.to(device);
+  return device_inv_freq_;
+}
+
 std::pair<torch::Tensor, torch::Tensor> Rotary::tables(int64_t start, int64_t length,
                                                        torch::Device device) const {
   auto pos = torch::arange(start, start + length, torch::TensorOptions().dtype(torch::kFloat).device(device));
-  auto freqs = torch::outer(pos, inv_freq_.to(device));  // [T, D/2]
+  auto freqs = torch::outer(pos, inv_freq_on(device));  // [T, D/2]
   auto emb = torch::cat({freqs, freqs}, -1);              // [T, D]
   return {emb.cos(), emb.sin()};
 }
@@ -61,7 +67,7 @@ torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t start) const {
 }
 
 torch::Tensor Rotary::apply_at(const torch::Tensor& x, const torch::Tensor& pos) const {
-  auto freqs = pos.to(x.device(), torch::kFloat).unsqueeze(-1) * inv_freq_.to(x.device());  // [B,T,D/2]
+  auto freqs = pos.to(x.device(), torch::kFloat).unsqueeze(-1) * inv_freq_on(x.device());  // [B,T,D/2]
   auto emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);                                   // [B,1,T,D]
   auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
   return x * cos + rotate_half(x) * sin;

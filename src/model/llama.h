@@ -34,7 +34,9 @@ class Rotary {
   const torch::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
-  torch::Tensor inv_freq_;  // [D/2] fp32, CPU
+  const torch::Tensor& inv_freq_on(torch::Device device) const;
+  torch::Tensor inv_freq_;                  // [D/2] fp32, CPU
+  mutable torch::Tensor device_inv_freq_;  // inv_freq_ on the device last asked for
 };
 
 // Repeats each of the Hkv heads `groups` times, head-major: [B, Hkv, T, D] -> [B, Hkv*groups, T, D].

@@ -156,6 +156,10 @@ std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::T
                                           const torch::Tensor& h0, double scale) {
 #ifdef LINEARIZE_WITH_CUDA
   if (!fused_kernels_enabled() || !q.is_cuda() || q.size(1) != 1 || v.scalar_type() == torch::kDouble) return std::nullopt;
+  // The kernel has no backward: a step that autograd must see runs as libtorch ops.
+  if (torch::GradMode::is_enabled())
+    for (const auto* t : {&q, &k, &v, &beta, &g, &h0})
+      if (t->defined() && t->requires_grad()) return std::nullopt;
   const int64_t B = q.size(0), H = q.size(2), K = q.size(3), V = v.size(3);
   auto S = h0.defined() ? h0 : torch::zeros({B, H, K, V}, v.options().dtype(torch::kFloat));
   torch::Tensor gs;  // [H], [B,H] or [B,H,K]

@@ -60,6 +60,17 @@ torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const
 std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
                                         const torch::Tensor& G, bool strict);
 
+// The sequential part of the chunked forms of families A and B, over N chunks of C:
+//   S^(0) = S0;  X_n = U_n - W_n S^(n) (B; A: W undefined, X_n = U_n);  S^(n+1) = D_n ⊙ S^(n) + KdT_n X_n
+// W [B,H,N,C,K] or undefined; U [B,H,N,C,V]; KdT [B,H,N,K,C]; D [B,H,N,K,1], [B,H,N,1,1] or undefined;
+// S0 [B,H,K,V]. Returns every S^(n) [B,H,N,K,V], X [B,H,N,C,V] (family B) and S^(N). Differentiable.
+// On CUDA with fused kernels on (fp32): two kernels, one forward and one backward (ops/cuda).
+struct StatePass {
+  torch::Tensor states, writes, final_state;
+};
+StatePass state_pass(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+                     const torch::Tensor& D, const torch::Tensor& S0);
+
 // One decode step (T = 1) of family A (beta undefined) or B through the fused CUDA kernel, when it
 // applies: CUDA tensors, not fp64, fused kernels on. Otherwise nothing, and the caller runs its
 // libtorch form. Shapes as the recurrent ops: q, k [B,1,H,K], v [B,1,H,V], beta [B,1,H].

@@ -1,7 +1,9 @@
 #include "train/data_parallel.h"
 
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef LINEARIZE_WITH_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
 #ifdef LINEARIZE_WITH_NCCL
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -34,6 +36,7 @@ std::chrono::milliseconds timeout() {
   return std::chrono::milliseconds(1000LL * env_int("LINEARIZE_DIST_TIMEOUT_S", 600, 1));
 }
 
+#ifdef LINEARIZE_WITH_GLOO
 // Gloo's network device: GLOO_SOCKET_IFNAME when set (as in torch), loopback when every rank runs on
 // this machine, else this host's address.
 std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
@@ -42,6 +45,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
   if (env.local_world_size == env.world_size) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
+#endif
 
 class PendingWork : public DataParallelGroup::Pending {
  public:
@@ -122,9 +126,14 @@ DataParallelGroup::DataParallelGroup(const LaunchEnv& env, torch::Device device)
       throw Error("this build has no NCCL; data-parallel training on CUDA needs the GPU build");
 #endif
     } else {
+#ifdef LINEARIZE_WITH_GLOO
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout());
       opts->devices.push_back(gloo_device(env));
       impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(impl_->store, env.rank, env.world_size, opts);
+#else
+      throw Error("this build has no Gloo (gloo headers were not found at configure time); data-parallel "
+                  "training on CPU needs libgloo-dev");
+#endif
     }
   } catch (const c10::Error& e) {
     throw Error("rank " + std::to_string(env.rank) + ": joining the process group at " + where +
@@ -256,13 +265,16 @@ void GradientSync::finish() {
     bucket.pending.reset();
     bucket.ready = 0;
   }
+  // Sum -> mean once per bucket, then one copy per parameter.
   const double scale = 1.0 / group_.world_size();
+  if (scale != 1.0)
+    for (auto& bucket : buckets_) bucket.flat.mul_(scale);
   for (size_t i = 0; i < params_.size(); ++i) {
     seen_[i] = false;
     if (!had_grad[i]) continue;  // stays without a gradient, as in a single process
     auto& p = params_[i];
-    if (p.grad().defined()) p.mutable_grad().copy_(slot(i)).mul_(scale);
-    else p.mutable_grad() = slot(i).mul(scale);
+    if (p.grad().defined()) p.mutable_grad().copy_(slot(i));
+    else p.mutable_grad() = slot(i).clone();
   }
 }
 

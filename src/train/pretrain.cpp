@@ -54,6 +54,7 @@ double pretrain(const PretrainOptions& o) {
   CausalLM model(c);
   init_weights_normal(*model, o.init_std);
   model->to(loop.device);
+  model->recompute = loop.recompute;
   model->train();
   if (!loop.quiet)
     std::cerr << "[pretrain] " << c.parameter_count() / 1e6 << "M parameters, " << tokens.size() << " tokens, "

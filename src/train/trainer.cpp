@@ -101,10 +101,13 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     for (const auto& p : module.parameters()) replica.push_back(p);
     for (const auto& b : module.buffers()) replica.push_back(b);
     group->broadcast_from_rank0(replica);
-    sync = std::make_unique<GradientSync>(*group, params);
+    // With one process the all-reduce is the identity: its copies would only cost time.
+    if (world > 1) sync = std::make_unique<GradientSync>(*group, params);
     if (!quiet)
       std::cerr << "[" << o.name << "] data parallel over " << world << " processes: " << per_rank
-                << " sequences each per step, gradients in " << sync->num_buckets() << " buckets\n";
+                << " sequences each per step, "
+                << (sync ? "gradients in " + std::to_string(sync->num_buckets()) + " buckets" : "no gradient all-reduce")
+                << "\n";
   }
 
   auto save = [&](int64_t step_done, double loss, bool finished) {

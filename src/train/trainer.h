@@ -40,6 +40,7 @@ struct TrainLoopOptions {
   torch::Device device = torch::kCPU;
   uint64_t seed = 0;
   bool quiet = false;
+  bool recompute = false;  // the caller sets CausalLM::recompute from it (activation recomputation)
 };
 
 struct TrainResult {

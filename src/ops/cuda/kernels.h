@@ -17,4 +17,27 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
                                                        const torch::Tensor& beta, const torch::Tensor& S,
                                                        double scale);
 
+// The chunk-to-chunk state pass of the chunked forms (fp32; inner shapes [B, H, N, ...], N chunks of C):
+//   S^(0) = S0 (zeros when undefined)
+//   X_n = U_n - W_n S^(n)            (family B; family A: W undefined, X_n = U_n)
+//   S^(n+1) = Diag(D_n) S^(n) + KdT_n X_n
+// W [B,H,N,C,K] or undefined; U [B,H,N,C,V]; KdT [B,H,N,K,C]; D [B,H,N,K] or undefined (no decay);
+// S0 [B,H,K,V] or undefined. Returns S^(n) for every n (the state entering chunk n), X (family B only)
+// and S^(N).
+struct StatePassOut {
+  torch::Tensor states, writes, final_state;
+};
+StatePassOut state_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+                                const torch::Tensor& D, const torch::Tensor& S0);
+
+// Its reverse pass, given the gradients of the three outputs (each may be undefined): lambda[n] =
+// dLoss/dS^(n+1), d_writes_total[n] = dLoss/dX_n (through every path) and d_initial = dLoss/dS0. The
+// gradients of W, U, KdT and D follow from these with batched products (ops/state_pass.cpp).
+struct StatePassGrads {
+  torch::Tensor lambda, d_writes_total, d_initial;
+};
+StatePassGrads state_pass_backward(const torch::Tensor& W, const torch::Tensor& KdT, const torch::Tensor& D,
+                                   const torch::Tensor& d_states, const torch::Tensor& d_writes,
+                                   const torch::Tensor& d_final, int64_t V);
+
 }  // namespace linearize::ops::cuda_kernels

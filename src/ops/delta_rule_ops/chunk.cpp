@@ -4,7 +4,7 @@
 //   L[r,j]  = beta_r Σ_d K[r,d] K[j,d] Γ[r,j,d]   for j < r            (strictly lower)
 //   W = (I + L)^{-1} diag(beta) (K ⊙ e^G),   U = (I + L)^{-1} diag(beta) V   (one triangular solve)
 //   Aqk[r,j] = scale Σ_d Q[r,d] K[j,d] Γ[r,j,d]   for j <= r
-// then, sequentially over chunks:
+// then, sequentially over chunks (detail::state_pass: a loop, or one CUDA kernel each way):
 //   V' = U - W S^(n)                  (row r = the recurrence's write vector u_t)
 //   O  = scale (Q ⊙ e^G) S^(n) + Aqk V'
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V'
@@ -74,19 +74,11 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
   auto W = WU.narrow(-1, 0, K), U = WU.narrow(-1, K, V);
   auto KdT = Kd.transpose(-1, -2);  // [B,H,N,K,C]
 
-  auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
-  std::vector<torch::Tensor> states, writes;  // S^(n) entering chunk n; V' of chunk n
-  states.reserve(N);
-  writes.reserve(N);
-  for (int64_t n = 0; n < N; ++n) {
-    auto Vn = U.select(2, n) - W.select(2, n).matmul(S);  // [B,H,C,V]
-    states.push_back(S);
-    writes.push_back(Vn);
-    auto dS = KdT.select(2, n).matmul(Vn);  // [B,H,K,V]
-    S = D.defined() ? D.select(2, n) * S + dS : S + dS;
-  }
-  auto Sn = torch::stack(states, 2);                      // [B,H,N,K,V]
-  auto Vnew = torch::stack(writes, 2);                    // [B,H,N,C,V]
+  auto S0 = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
+  auto pass = detail::state_pass(W, U, KdT, D, S0);
+  auto Sn = pass.states;    // [B,H,N,K,V]: S^(n), the state entering chunk n
+  auto Vnew = pass.writes;  // [B,H,N,C,V]: V' of every chunk
+  auto S = pass.final_state;
   auto O = Qg.matmul(Sn) + Aqk.matmul(Vnew);              // [B,H,N,C,V]
   auto o = O.reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
   return {o, S};

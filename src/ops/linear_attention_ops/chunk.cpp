@@ -4,8 +4,8 @@
 //   A[r,j]  = scale Σ_d Q[r,d] K[j,d] exp(G[r,d] - G[j,d])   for j <= r          (intra-chunk scores)
 //   O       = scale (Q ⊙ e^G) S^(n) + A V
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V
-// Everything but the last recurrence is one batched op over all chunks; the state recurrence is a
-// loop over chunks. All exponents are <= 0 (vector gates: see detail::gated_scores).
+// Everything but the state recurrence is one batched op over all chunks; the recurrence is
+// detail::state_pass (a loop over chunks, or one CUDA kernel each way). All exponents are <= 0 (vector gates: see detail::gated_scores).
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; g undefined / [H] / [B,T,H] / [B,T,H,K]; inside, [B,H,N,C,D]
 // with N = ceil(T/C). T is zero-padded to N*C: zero q, k, v and zero log decay on padded steps (a
@@ -49,16 +49,10 @@ OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::
     Kd = Kc * (Glast - G).exp().unsqueeze(-1);
     D = Glast.exp().unsqueeze(-1);  // [B,H,N,1,1]
   }
-  auto dS = Kd.transpose(-1, -2).matmul(Vc);  // [B,H,N,K,V]
-
-  auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
-  std::vector<torch::Tensor> states;  // S^(n), the state entering chunk n
-  states.reserve(N);
-  for (int64_t n = 0; n < N; ++n) {
-    states.push_back(S);
-    S = D.defined() ? D.select(2, n) * S + dS.select(2, n) : S + dS.select(2, n);
-  }
-  auto Sn = torch::stack(states, 2);                    // [B,H,N,K,V]
+  auto S0 = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
+  auto pass = detail::state_pass({}, Vc, Kd.transpose(-1, -2), D, S0);
+  auto Sn = pass.states;  // [B,H,N,K,V]: S^(n), the state entering chunk n
+  auto S = pass.final_state;
   auto O = Qg.matmul(Sn) + A.matmul(Vc);                // [B,H,N,C,V]
   auto o = O.reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
   return {o, S};

@@ -1,0 +1,447 @@
+// GPU benchmarks of issue 7, each a ratio against a baseline measured in the same run, printed as
+// Markdown tables (stdout) with progress on stderr:
+//
+//   ops     chunked forward+backward of every op family (bf16 inputs, fp32 gates and state) against
+//           causal softmax attention through scaled_dot_product_attention (flash on CUDA);
+//           B=8, H=32, D=128, T = 1k..16k.
+//   train   stage-3 distillation steps per mixer (teacher bf16 forward + student forward/backward under
+//           bf16 autocast + clipped AdamW step on fp32 weights, as the trainer does) against training the
+//           teacher itself at the same batch; tokens/s, model FLOPs utilisation (6 N per token for the
+//           trained model + 2 N for the teacher's forward, against the H200's 989 TFLOP/s dense bf16),
+//           peak memory. SmolLM2-135M and -1.7B shapes, sequence 512, random weights.
+//   decode  one greedy decode step of the whole model (bf16) at batch 1 and 64 after contexts of 1k..32k:
+//           the teacher's KV cache holds `context` entries; a student's fixed-size state is built by a
+//           64-token prefill (its size and its step cost do not depend on the context; the table shows
+//           that). tokens/s and state bytes per sequence. SmolLM2-135M shape.
+//
+//   linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]
+//
+// --quick runs the smallest sizes only (a check that everything runs). On CPU the sizes are cut down.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "compat/torch_compat.h"
+#include "distill/stages.h"
+#include "infer/graphed_step.h"
+#include "model/causal_lm.h"
+#include "model/mixers/mixer_config.h"
+#include "model/student.h"
+#include "ops/ops.h"
+#include "train/optimizer_schedule.h"
+
+#ifdef LINEARIZE_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace linearize {
+namespace {
+
+constexpr double kPeakBf16Flops = 989e12;  // H200 dense bf16 (SXM)
+
+struct Settings {
+  torch::Device device = torch::kCUDA;
+  bool quick = false;
+  std::vector<std::string> shapes = {"135m", "1.7b"};
+};
+
+void sync(const torch::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize();
+}
+
+void reset_peak(const torch::Device& d) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (d.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    c10::cuda::CUDACachingAllocator::resetPeakStats(d.index() < 0 ? 0 : d.index());
+  }
+#endif
+}
+
+double peak_gib(const torch::Device& d) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (d.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index() < 0 ? 0 : d.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak) / (1 << 30);
+  }
+#endif
+  return 0;
+}
+
+// Median seconds of `reps` runs of fn after `warmup` runs; NaN when it runs out of memory.
+double time_it(const torch::Device& d, int warmup, int reps, const std::function<void()>& fn) {
+  try {
+    for (int i = 0; i < warmup; ++i) fn();
+    sync(d);
+    std::vector<double> t;
+    for (int i = 0; i < reps; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      sync(d);
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    if (what.find("out of memory") == std::string::npos) throw;
+    std::cerr << "  (out of memory)\n";
+    reset_peak(d);
+    return std::nan("");
+  }
+}
+
+std::string fmt(double v, const char* f = "%.2f") {
+  if (std::isnan(v)) return "OOM";
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+
+// ---- ops ------------------------------------------------------------------------------------------
+
+struct OpKind {
+  std::string name;
+  int family;  // 0 gla, 1 delta rule, 2 mlstm
+  int gate;    // 0 none, 1 fixed, 2 scalar, 3 vector
+};
+
+void bench_ops(const Settings& s) {
+  const bool gpu = s.device.is_cuda();
+  const int64_t B = gpu ? 8 : 1, H = gpu ? 32 : 4, D = gpu ? 128 : 64;
+  std::vector<int64_t> Ts = gpu ? std::vector<int64_t>{1024, 2048, 4096, 8192, 16384} : std::vector<int64_t>{512, 1024};
+  if (s.quick) Ts.resize(1);
+  const std::vector<OpKind> kinds = {{"linear_attention", 0, 0}, {"retnet", 0, 1},         {"gla", 0, 3},
+                                     {"deltanet", 1, 0},         {"gated_deltanet", 1, 2}, {"kda", 1, 3},
+                                     {"mlstm", 2, 0}};
+  const auto dt = gpu ? torch::kBFloat16 : torch::kFloat;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  auto opts = torch::TensorOptions().device(s.device);
+
+  std::map<std::string, std::vector<double>> ms;  // name -> per T
+  std::vector<double> base;
+  for (int64_t T : Ts) {
+    std::cerr << "[ops] T=" << T << "\n";
+    torch::manual_seed(0);
+    auto q = (torch::randn({B, T, H, D}, opts) * 0.5).to(dt).requires_grad_(true);
+    auto k = torch::randn({B, T, H, D}, opts).to(dt).requires_grad_(true);
+    auto v = torch::randn({B, T, H, D}, opts).to(dt).requires_grad_(true);
+    {
+      // baseline: causal softmax attention, [B,H,T,D]
+      auto qh = q.detach().transpose(1, 2).contiguous().requires_grad_(true);
+      auto kh = k.detach().transpose(1, 2).contiguous().requires_grad_(true);
+      auto vh = v.detach().transpose(1, 2).contiguous().requires_grad_(true);
+      base.push_back(time_it(s.device, 1, 3, [&] {
+        compat::attention(qh, kh, vh, /*causal=*/true, scale).sum().backward();
+      }));
+      std::cerr << "  softmax attention " << fmt(base.back() * 1e3, "%.1f") << " ms\n";
+    }
+    for (const auto& kind : kinds) {
+      reset_peak(s.device);
+      auto f32 = opts.dtype(torch::kFloat);
+      torch::Tensor g;
+      if (kind.gate == 1) g = torch::log_sigmoid(torch::randn({H}, f32) + 3);
+      if (kind.gate == 2) g = torch::log_sigmoid(torch::randn({B, T, H}, f32) + 3).requires_grad_(true);
+      if (kind.gate == 3) g = (torch::log_sigmoid(torch::randn({B, T, H, D}, f32) + 3) / 4).requires_grad_(true);
+      auto beta = torch::sigmoid(torch::randn({B, T, H}, f32)).requires_grad_(true);
+      auto ig = torch::randn({B, T, H}, f32).requires_grad_(true), fg = (torch::randn({B, T, H}, f32) + 3).requires_grad_(true);
+      auto kn = kind.family == 1 ? ops::l2_norm(k.detach()).requires_grad_(true) : k;
+      const double t = time_it(s.device, 1, 3, [&] {
+        torch::Tensor o;
+        if (kind.family == 0) o = ops::gla_chunk(q, kn, v, g, {}, scale).o;
+        else if (kind.family == 1) o = ops::delta_rule_chunk(q, kn, v, beta, g, {}, scale).o;
+        else o = ops::mlstm_chunk(q, kn, v, ig, fg, {}, scale).h;
+        o.sum().backward();
+      });
+      ms[kind.name].push_back(t);
+      std::cerr << "  " << kind.name << " " << fmt(t * 1e3, "%.1f") << " ms (peak " << fmt(peak_gib(s.device), "%.1f")
+                << " GiB)\n";
+    }
+  }
+  std::cout << "\n### Op forward+backward, B=" << B << " H=" << H << " D=" << D << ", "
+            << (gpu ? "bf16 inputs" : "fp32") << ": speed-up over causal softmax attention (SDPA)\n\n"
+            << "Each cell: time in ms (ratio = attention time / op time; > 1 is faster).\n\n| op |";
+  for (int64_t T : Ts) std::cout << " T=" << T << " |";
+  std::cout << "\n|---|";
+  for (size_t i = 0; i < Ts.size(); ++i) std::cout << "---|";
+  std::cout << "\n| softmax attention (SDPA) |";
+  for (double b : base) std::cout << " " << fmt(b * 1e3, "%.1f") << " |";
+  std::cout << "\n";
+  for (const auto& kind : kinds) {
+    std::cout << "| " << kind.name << " |";
+    for (size_t i = 0; i < Ts.size(); ++i)
+      std::cout << " " << fmt(ms[kind.name][i] * 1e3, "%.1f") << " (" << fmt(base[i] / ms[kind.name][i]) << "x) |";
+    std::cout << "\n";
+  }
+}
+
+// ---- model shapes ---------------------------------------------------------------------------------
+
+LlamaConfig shape(const std::string& name) {
+  LlamaConfig c;
+  c.vocab_size = 49152;
+  c.rope_theta = 10000;
+  c.tie_word_embeddings = true;
+  c.max_position_embeddings = 65536;
+  c.raw = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}};
+  if (name == "135m") {
+    c.hidden_size = 576, c.num_hidden_layers = 30, c.num_attention_heads = 9, c.num_key_value_heads = 3;
+    c.intermediate_size = 1536;
+  } else if (name == "1.7b") {
+    c.hidden_size = 2048, c.num_hidden_layers = 24, c.num_attention_heads = 32, c.num_key_value_heads = 32;
+    c.intermediate_size = 8192;
+  } else if (name == "tiny") {
+    c.vocab_size = 512, c.hidden_size = 64, c.num_hidden_layers = 2, c.num_attention_heads = 4,
+    c.num_key_value_heads = 2, c.intermediate_size = 128;
+  } else {
+    throw std::runtime_error("unknown shape " + name + " (expected 135m, 1.7b or tiny)");
+  }
+  c.head_dim = c.hidden_size / c.num_attention_heads;
+  return c;
+}
+
+int64_t count_params(torch::nn::Module& m) {
+  int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
+
+// ---- train ----------------------------------------------------------------------------------------
+
+void bench_train(const Settings& s) {
+  const bool gpu = s.device.is_cuda();
+  std::vector<std::string> shapes = gpu ? s.shapes : std::vector<std::string>{"tiny"};
+  std::vector<std::string> mixers = mixer_kinds();
+  if (s.quick) mixers = {"gated_deltanet"};
+  const int64_t T = gpu ? 512 : 64;
+  for (const auto& shape_name : shapes) {
+    const auto c = shape(shape_name);
+    const int64_t B = !gpu ? 2 : shape_name == "135m" ? 16 : 8;
+    const int warmup = 2, reps = s.quick ? 2 : 5;
+    torch::manual_seed(0);
+    CausalLM teacher(c);
+    init_weights_normal(*teacher, 0.02);
+    teacher->to(s.device);  // fp32 master weights when it trains itself (the baseline)
+    auto batch = torch::randint(0, c.vocab_size, {B, T + 1}, torch::TensorOptions().dtype(torch::kLong)).to(s.device);
+    auto x = batch.narrow(1, 0, T), y = batch.narrow(1, 1, T);
+    const double tokens = static_cast<double>(B * T);
+
+    struct Row {
+      std::string name;
+      double sec, gib;
+      int64_t params;
+    };
+    std::vector<Row> rows;
+    // One training configuration; when it runs out of memory, again with activation recomputation.
+    auto run = [&](const std::string& name, CausalLM& trained, const std::function<torch::Tensor()>& loss_fn) {
+      for (bool recompute : {false, true}) {
+        trained->recompute = recompute;
+        std::vector<std::pair<std::string, torch::Tensor>> params;
+        for (auto& p : trained->named_parameters()) params.emplace_back(p.key(), p.value());
+        auto opt = make_adamw(params, OptimizerOptions{}, 1e-4);
+        std::vector<torch::Tensor> plain;
+        for (auto& p : params) plain.push_back(p.second);
+        reset_peak(s.device);
+        const double sec = time_it(s.device, warmup, reps, [&] {
+          opt->zero_grad();
+          torch::Tensor loss;
+          {
+            compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, gpu);
+            loss = loss_fn().to(torch::kFloat);
+          }
+          loss.backward();
+          torch::nn::utils::clip_grad_norm_(plain, 1.0);
+          opt->step();
+        });
+        trained->recompute = false;
+        for (auto& p : params) p.second.mutable_grad() = torch::Tensor();
+        if (std::isnan(sec) && !recompute) continue;
+        rows.push_back({name + (recompute ? " (recompute)" : ""), sec, peak_gib(s.device), count_params(*trained)});
+        std::cerr << "  " << rows.back().name << ": " << fmt(tokens / sec, "%.0f") << " tok/s, peak "
+                  << fmt(rows.back().gib, "%.1f") << " GiB\n";
+        return;
+      }
+    };
+
+    std::cerr << "[train] " << shape_name << " shape, batch " << B << " x " << T << "\n";
+    teacher->train();
+    run("teacher (softmax attention), CE", teacher, [&] {
+      auto logits = teacher->forward(x);
+      return torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab_size}).to(torch::kFloat), y.reshape({-1}));
+    });
+    // Distillation: the teacher frozen in bf16, each student from it with fp32 weights.
+    teacher->to(gpu ? torch::kBFloat16 : torch::kFloat);
+    teacher->eval();
+    for (auto& p : teacher->parameters()) p.set_requires_grad(false);
+    DistillOptions d;
+    for (const auto& mixer : mixers) {
+      torch::manual_seed(1);
+      auto student = build_student(teacher, StudentSpec::make(mixer, "default", {}, c));
+      student->to(torch::kFloat);
+      student->train();
+      run(mixer + ", stage 3", student, [&] {
+        torch::Tensor t_logits;
+        {
+          torch::NoGradGuard no_grad;
+          t_logits = teacher->forward(x);
+        }
+        return stage3_loss(d, student->forward(x), t_logits, y);
+      });
+    }
+    const double n_teacher = static_cast<double>(count_params(*teacher));
+    std::cout << "\n### Training step, SmolLM2-" << shape_name << " shape, batch " << B << " x " << T
+              << (gpu ? ", bf16 autocast, fp32 weights" : ", fp32 CPU") << "\n\n"
+              << "| what | params | tokens/s | ratio to teacher training | MFU | peak memory |\n|---|---|---|---|---|---|\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      const double flops = (6.0 * static_cast<double>(r.params) + (i == 0 ? 0.0 : 2.0 * n_teacher)) * tokens / r.sec;
+      std::cout << "| " << r.name << " | " << fmt(static_cast<double>(r.params) / 1e6, "%.0fM") << " | "
+                << fmt(tokens / r.sec, "%.0f") << " | " << fmt(rows[0].sec / r.sec) << " | "
+                << (gpu ? fmt(100 * flops / kPeakBf16Flops, "%.1f%%") : "-") << " | "
+                << (gpu ? fmt(r.gib, "%.1f GiB") : "-") << " |\n";
+    }
+  }
+}
+
+// ---- decode ---------------------------------------------------------------------------------------
+
+void bench_decode(const Settings& s) {
+  const bool gpu = s.device.is_cuda();
+  const auto c = shape(gpu ? "135m" : "tiny");
+  std::vector<int64_t> contexts = gpu ? std::vector<int64_t>{1024, 4096, 16384, 32768} : std::vector<int64_t>{256, 1024};
+  std::vector<int64_t> batches = gpu ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 4};
+  std::vector<std::string> models = {"teacher"};
+  for (const auto& m : mixer_kinds()) models.push_back(m);
+  if (s.quick) contexts.resize(1), models.resize(2);
+  const auto dt = gpu ? torch::kBFloat16 : torch::kFloat;
+  torch::manual_seed(0);
+  CausalLM teacher(c);
+  init_weights_normal(*teacher, 0.02);
+  teacher->to(s.device, dt);
+  teacher->eval();
+  torch::NoGradGuard no_grad;
+
+  struct Cell {
+    double tok_s, bytes_per_seq;
+  };
+  std::map<std::string, std::map<std::pair<int64_t, int64_t>, Cell>> table;  // model -> (batch, ctx)
+  for (const auto& name : models) {
+    CausalLM model = name == "teacher" ? teacher : build_student(teacher, StudentSpec::make(name, "default", {}, c));
+    model->eval();
+    std::cerr << "[decode] " << name << "\n";
+    for (int64_t B : batches)
+      for (int64_t L : contexts) {
+        reset_peak(s.device);
+        auto opts = torch::TensorOptions().device(s.device);
+        ModelState state = model->new_state();
+        if (name == "teacher") {
+          // a KV cache of L entries per layer (random contents: the step's cost depends on its size)
+          const int64_t hkv = c.num_key_value_heads, hd = c.head_dim;
+          for (auto& ls : state) {
+            ls.tensors["k"] = torch::randn({B, hkv, L, hd}, opts.dtype(dt));
+            ls.tensors["v"] = torch::randn({B, hkv, L, hd}, opts.dtype(dt));
+            ls.position = L;
+          }
+        } else {
+          model->forward(torch::randint(0, c.vocab_size, {B, 64}, opts.dtype(torch::kLong)), &state);
+          for (auto& ls : state) ls.position = L;
+        }
+        auto ids = torch::randint(0, c.vocab_size, {B, 1}, opts.dtype(torch::kLong));
+        ModelState work = state;
+        const int steps = 8;
+        const double sec = time_it(s.device, 1, 3, [&] {
+          work = state;  // a snapshot: every timed run decodes from the same context length
+          auto next = ids;
+          for (int i = 0; i < steps; ++i) next = model->forward(next, &work).argmax(-1);
+        });
+        table[name][{B, L}] = {static_cast<double>(B * steps) / sec, static_cast<double>(state_bytes(state)) / B};
+        std::cerr << "  batch " << B << " context " << L << ": " << fmt(table[name][{B, L}].tok_s, "%.0f") << " tok/s";
+        std::string why;
+        if (GraphedDecodeStep::usable(model, state, &why)) {
+          try {
+            GraphedDecodeStep graph(model, state, B);
+            const double gsec = time_it(s.device, 1, 3, [&] {
+              auto next = ids;
+              for (int i = 0; i < steps; ++i) next = graph.step(next).argmax(-1);
+            });
+            table[name + " (CUDA graph)"][{B, L}] = {static_cast<double>(B * steps) / gsec, table[name][{B, L}].bytes_per_seq};
+            std::cerr << ", CUDA graph " << fmt(static_cast<double>(B * steps) / gsec, "%.0f") << " tok/s";
+          } catch (const std::exception& e) {
+            std::cerr << " (CUDA graph failed: " << e.what() << ")";
+          }
+        }
+        std::cerr << "\n";
+      }
+  }
+  for (int64_t B : batches) {
+    std::cout << "\n### Decoding, SmolLM2-" << (gpu ? "135m" : "tiny") << " shape, " << (gpu ? "bf16" : "fp32")
+              << ", batch " << B << ": tokens/s (state MiB per sequence)\n\n| model |";
+    for (int64_t L : contexts) std::cout << " context " << L << " |";
+    std::cout << "\n|---|";
+    for (size_t i = 0; i < contexts.size(); ++i) std::cout << "---|";
+    std::cout << "\n";
+    std::vector<std::string> rows_shown;
+    for (const auto& name : models) {
+      rows_shown.push_back(name);
+      if (table.count(name + " (CUDA graph)")) rows_shown.push_back(name + " (CUDA graph)");
+    }
+    for (const auto& name : rows_shown) {
+      std::cout << "| " << name << " |";
+      for (int64_t L : contexts) {
+        const auto& cell = table[name][{B, L}];
+        std::cout << " " << fmt(cell.tok_s, "%.0f") << " (" << fmt(cell.bytes_per_seq / (1 << 20), "%.1f") << ") |";
+      }
+      std::cout << "\n";
+    }
+  }
+}
+
+int usage() {
+  std::cerr << "usage: linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]\n";
+  return 2;
+}
+
+}  // namespace
+}  // namespace linearize
+
+int main(int argc, char** argv) {
+  using namespace linearize;
+  if (argc < 2) return usage();
+  Settings s;
+  s.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  const std::string what = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      s.quick = true;
+    } else if (a == "--device" && i + 1 < argc) {
+      s.device = torch::Device(argv[++i]);
+    } else if (a == "--shapes" && i + 1 < argc) {
+      s.shapes.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string item; std::getline(ss, item, ',');) s.shapes.push_back(item);
+    } else {
+      return usage();
+    }
+  }
+  if (what != "ops" && what != "train" && what != "decode" && what != "all") return usage();
+  try {
+    std::cout << "Device: " << (s.device.is_cuda() ? "CUDA" : "CPU") << (s.quick ? " (quick)" : "") << "\n";
+    if (what == "ops" || what == "all") bench_ops(s);
+    if (what == "train" || what == "all") bench_train(s);
+    if (what == "decode" || what == "all") bench_decode(s);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One GPU-box session (see DEVELOPERS.md, "GPU box"): build against the box's PyTorch with the
+# carried prefix of Debian -dev packages (.device/prefix), then run the steps named on the command
+# line, each logging to $OUT/<step>.log:
+#   tests        ctest -L cuda (the Cuda* suites) and the CPU/CUDA golden suites
+#   bench-ops | bench-train | bench-decode | bench-quick   build-gpu/linearize_gpu_bench
+#   launch       bench/gpu/launch_overhead.sh (issue 8: launch with one GPU vs a plain run)
+# e.g. scripts/gpu_session.sh tests bench-quick
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+P=$PWD/.device/prefix/usr
+export LD_LIBRARY_PATH=$P/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-} TORCH_CUDA_ARCH_LIST=9.0a NCCL_NVLS_ENABLE=0
+export LINEARIZE_SHARED=$PWD/.device/shared
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+start=$(date +%s)
+if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
+         -DCMAKE_CUDA_ARCHITECTURES=90a \
+         -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)');$P" &&
+       cmake --build build-gpu -j"$(nproc)"; } > "$OUT/build.log" 2>&1; then
+  echo "build failed:"; grep -E "error|Error" "$OUT/build.log" | head -40; exit 1
+fi
+echo "built in $(( $(date +%s) - start )) s"
+for step in "$@"; do
+  t0=$(date +%s)
+  case $step in
+    tests) (cd build-gpu && ctest -L cuda --output-on-failure -V) > "$OUT/tests.log" 2>&1
+           build-gpu/linearize_tests --gtest_filter='OpsGolden.*:MixerGolden.*:LlamaGolden.*:Cuda*' >> "$OUT/tests.log" 2>&1
+           grep -E "^\[(cuda|golden)|tests passed|FAILED|PASSED|Failure|Expected|Which is" "$OUT/tests.log" | head -80 ;;
+    bench-ops) build-gpu/linearize_gpu_bench ops > "$OUT/bench-ops.md" 2> "$OUT/bench-ops.log"; cat "$OUT/bench-ops.md" ;;
+    bench-train) build-gpu/linearize_gpu_bench train > "$OUT/bench-train.md" 2> "$OUT/bench-train.log"; cat "$OUT/bench-train.md" ;;
+    bench-decode) build-gpu/linearize_gpu_bench decode > "$OUT/bench-decode.md" 2> "$OUT/bench-decode.log"; cat "$OUT/bench-decode.md" ;;
+    bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
+    launch) bench/gpu/launch_overhead.sh build-gpu .device/shared/data/tokenizers/smollm2-tokenizer.json \
+              .device/shared/data/corpus/tinystories_val.txt /tmp/launch_work > "$OUT/launch.log" 2>&1; cat "$OUT/launch.log" | tail -8 ;;
+    *) echo "unknown step $step" ;;
+  esac
+  echo "== $step: $(( $(date +%s) - t0 )) s"
+done

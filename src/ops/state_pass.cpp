@@ -1,0 +1,92 @@
+// The chunk-to-chunk state pass of families A and B (see common.h). On CUDA with fused kernels on, a
+// custom autograd function around the two kernels of ops/cuda/state_pass.cu; elsewhere a loop of
+// libtorch ops over the chunks, differentiated by autograd.
+#include "ops/common.h"
+#include "ops/ops.h"
+
+#ifdef LINEARIZE_WITH_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace linearize::ops::detail {
+
+namespace {
+
+StatePass state_pass_libtorch(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+                              const torch::Tensor& D, const torch::Tensor& S0) {
+  const int64_t N = U.size(2);
+  const bool delta = W.defined();
+  auto S = S0;
+  // Family A: the chunk contributions do not depend on the state, so they are one batched product.
+  const auto dS_all = delta ? torch::Tensor() : KdT.matmul(U);  // [B,H,N,K,V]
+  std::vector<torch::Tensor> states, writes;
+  states.reserve(N);
+  if (delta) writes.reserve(N);
+  for (int64_t n = 0; n < N; ++n) {
+    states.push_back(S);
+    torch::Tensor dS;
+    if (delta) {
+      auto X = U.select(2, n) - W.select(2, n).matmul(S);  // [B,H,C,V]
+      writes.push_back(X);
+      dS = KdT.select(2, n).matmul(X);
+    } else {
+      dS = dS_all.select(2, n);
+    }
+    S = D.defined() ? D.select(2, n) * S + dS : S + dS;
+  }
+  return {torch::stack(states, 2), delta ? torch::stack(writes, 2) : torch::Tensor(), S};
+}
+
+#ifdef LINEARIZE_WITH_CUDA
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Inputs W (or undefined), U, KdT, D [B,H,N,K] (or undefined), S0; outputs states, writes (family B;
+// an empty tensor for A), final state.
+struct StatePassFunction : public torch::autograd::Function<StatePassFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& W, const torch::Tensor& U,
+                               const torch::Tensor& KdT, const torch::Tensor& D, const torch::Tensor& S0) {
+    auto out = cuda_kernels::state_pass_forward(W, U, KdT, D, S0);
+    const bool delta = W.defined();
+    ctx->save_for_backward({W, U, KdT, D, out.states, delta ? out.writes : torch::Tensor()});
+    ctx->saved_data["has_d"] = D.defined();
+    auto writes = delta ? out.writes : torch::empty({0}, U.options());
+    if (!delta) ctx->mark_non_differentiable({writes});
+    return {out.states, writes, out.final_state};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &W = saved[0], &U = saved[1], &KdT = saved[2], &D = saved[3], &states = saved[4], &writes = saved[5];
+    const bool delta = W.defined();
+    auto g = cuda_kernels::state_pass_backward(W, KdT, D, grads[0], delta ? grads[1] : torch::Tensor(), grads[2],
+                                               U.size(4));
+    const auto& X = delta ? writes : U;  // [B,H,N,C,V]
+    torch::Tensor dW, dD;
+    if (delta) dW = -g.d_writes_total.matmul(states.transpose(-1, -2));  // [B,H,N,C,K]
+    auto dKdT = g.lambda.matmul(X.to(torch::kFloat).transpose(-1, -2));   // [B,H,N,K,C]
+    if (D.defined()) dD = (g.lambda * states).sum(-1);                     // [B,H,N,K]
+    return {dW, g.d_writes_total, dKdT, dD, g.d_initial};
+  }
+};
+#endif
+
+}  // namespace
+
+StatePass state_pass(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+                     const torch::Tensor& D, const torch::Tensor& S0) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (fused_kernels_enabled() && U.is_cuda() && U.scalar_type() != torch::kDouble) {
+    const int64_t B = U.size(0), H = U.size(1), N = U.size(2), K = KdT.size(3);
+    // The kernels work in fp32 (under autocast the products feeding them may be bf16); D arrives as
+    // [B,H,N,K,1] (vector gate) or [B,H,N,1,1] (scalar or fixed gate) and goes in per key channel.
+    auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : t; };
+    auto Dk = D.defined() ? f32(D).squeeze(-1).expand({B, H, N, K}).contiguous() : torch::Tensor();
+    auto out = StatePassFunction::apply(f32(W), f32(U), f32(KdT), Dk, f32(S0));
+    return {out[0], W.defined() ? out[1] : torch::Tensor(), out[2]};
+  }
+#endif
+  return state_pass_libtorch(W, U, KdT, D, S0);
+}
+
+}  // namespace linearize::ops::detail
