@@ -219,17 +219,7 @@ TEST(CudaMixers, DecodeMatchesForwardAndCpu) {
 
 TEST(CudaTrain, Bf16AutocastStage3KeepsFp32WeightsAndLearns) {
   REQUIRE_CUDA();
-  LlamaConfig c;
-  c.vocab_size = 300;
-  c.hidden_size = 128;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 32;
-  c.intermediate_size = 256;
-  c.rope_theta = 10000;
-  c.tie_word_embeddings = true;
-  c.raw = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}};
+  const auto c = test::small_llama(300, 128, 2, 4, 2, 256);
   torch::manual_seed(3);
   CausalLM teacher(c);
   init_weights_normal(*teacher, 0.05);
@@ -279,10 +269,7 @@ TEST(CudaDecode, GraphedStepMatchesEagerStep) {
   REQUIRE_CUDA();
   NoTf32 no_tf32;
   at::globalContext().setAllowTF32CuDNN(false);
-  LlamaConfig c;
-  c.vocab_size = 200; c.hidden_size = 64; c.num_hidden_layers = 2; c.num_attention_heads = 4;
-  c.num_key_value_heads = 2; c.head_dim = 16; c.intermediate_size = 128; c.rope_theta = 10000;
-  c.tie_word_embeddings = true;
+  const auto c = test::small_llama(200, 64, 2, 4, 2, 128);
   torch::manual_seed(5);
   CausalLM teacher(c);
   init_weights_normal(*teacher, 0.1);

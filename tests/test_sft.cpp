@@ -32,18 +32,8 @@ const std::string& byte_tok_dir() {
 }
 
 LlamaConfig tiny_config(int64_t vocab) {
-  LlamaConfig c;
-  c.vocab_size = vocab;
-  c.hidden_size = 32;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 8;
-  c.intermediate_size = 64;
-  c.rope_theta = 10000;
-  c.tie_word_embeddings = true;
+  auto c = test::small_llama(vocab, 32, 2, 4, 2, 64);
   c.eos_token_ids = {0};
-  c.raw = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}};
   return c;
 }
 

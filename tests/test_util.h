@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "io/hf_config.h"
+
 namespace linearize::test {
 
 inline std::string source_dir() {
@@ -63,6 +65,23 @@ inline std::string fresh_dir(const std::string& suite, const std::string& name) 
   std::filesystem::remove_all(d);
   std::filesystem::create_directories(d);
   return d.string();
+}
+
+// A small Llama shape for tests: head_dim = hidden / heads, RoPE base 1e4, tied embeddings.
+inline LlamaConfig small_llama(int64_t vocab, int64_t hidden, int64_t layers, int64_t heads, int64_t kv_heads,
+                               int64_t intermediate) {
+  LlamaConfig c;
+  c.vocab_size = vocab;
+  c.hidden_size = hidden;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.intermediate_size = intermediate;
+  c.rope_theta = 10000;
+  c.tie_word_embeddings = true;
+  c.raw = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}};
+  return c;
 }
 
 // Runs the built `linearize` tool with `args` (a shell command line) and returns its exit code and

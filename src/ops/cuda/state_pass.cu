@@ -18,6 +18,21 @@ namespace {
 constexpr int kTile = 16;     // value columns per block
 constexpr int kThreads = 256;
 
+// The block's [K, kTile] slice of a [B*H, K, V] tensor at head bh: into shared memory (zeros where the
+// tensor is absent or past V), and back out.
+__device__ void load_slice(float* dst, const float* __restrict__ src, int bh, int K, int V, int j0, int tv) {
+  for (int e = threadIdx.x; e < K * kTile; e += blockDim.x) {
+    const int k = e / kTile, j = e % kTile;
+    dst[e] = (src != nullptr && j < tv) ? src[(static_cast<size_t>(bh) * K + k) * V + j0 + j] : 0.f;
+  }
+}
+__device__ void store_slice(float* __restrict__ dst, const float* src, size_t row0, int K, int V, int j0, int tv) {
+  for (int e = threadIdx.x; e < K * kTile; e += blockDim.x) {
+    const int k = e / kTile, j = e % kTile;
+    if (j < tv) dst[(row0 + k) * V + j0 + j] = src[e];
+  }
+}
+
 // S [K][kTile] state slice, X [C][kTile] the chunk's write vectors, M [C*K] the staged matrix.
 template <bool kDelta>
 __global__ void state_pass_forward_kernel(const float* __restrict__ W, const float* __restrict__ U,
@@ -31,17 +46,11 @@ __global__ void state_pass_forward_kernel(const float* __restrict__ W, const flo
   float* M = X + C * kTile;
   const int j0 = blockIdx.x * kTile, bh = blockIdx.y, tid = threadIdx.x;
   const int tv = min(kTile, V - j0);
-  for (int e = tid; e < K * kTile; e += blockDim.x) {
-    const int k = e / kTile, j = e % kTile;
-    S[e] = (S0 != nullptr && j < tv) ? S0[(static_cast<size_t>(bh) * K + k) * V + j0 + j] : 0.f;
-  }
+  load_slice(S, S0, bh, K, V, j0, tv);
   __syncthreads();
   for (int n = 0; n < N; ++n) {
     const size_t chunk = static_cast<size_t>(bh) * N + n;
-    for (int e = tid; e < K * kTile; e += blockDim.x) {
-      const int k = e / kTile, j = e % kTile;
-      if (j < tv) Sn[(chunk * K + k) * V + j0 + j] = S[e];
-    }
+    store_slice(Sn, S, chunk * K, K, V, j0, tv);
     if (kDelta)
       for (int e = tid; e < C * K; e += blockDim.x) M[e] = W[chunk * C * K + e];
     __syncthreads();
@@ -67,10 +76,7 @@ __global__ void state_pass_forward_kernel(const float* __restrict__ W, const flo
     }
     __syncthreads();
   }
-  for (int e = tid; e < K * kTile; e += blockDim.x) {
-    const int k = e / kTile, j = e % kTile;
-    if (j < tv) S_final[(static_cast<size_t>(bh) * K + k) * V + j0 + j] = S[e];
-  }
+  store_slice(S_final, S, static_cast<size_t>(bh) * K, K, V, j0, tv);
 }
 
 // L [K][kTile] the gradient of the state leaving the current chunk, X [C][kTile] dV_total.
@@ -86,17 +92,11 @@ __global__ void state_pass_backward_kernel(const float* __restrict__ W, const fl
   float* M = X + C * kTile;
   const int j0 = blockIdx.x * kTile, bh = blockIdx.y, tid = threadIdx.x;
   const int tv = min(kTile, V - j0);
-  for (int e = tid; e < K * kTile; e += blockDim.x) {
-    const int k = e / kTile, j = e % kTile;
-    L[e] = (dS_final != nullptr && j < tv) ? dS_final[(static_cast<size_t>(bh) * K + k) * V + j0 + j] : 0.f;
-  }
+  load_slice(L, dS_final, bh, K, V, j0, tv);
   __syncthreads();
   for (int n = N - 1; n >= 0; --n) {
     const size_t chunk = static_cast<size_t>(bh) * N + n;
-    for (int e = tid; e < K * kTile; e += blockDim.x) {
-      const int k = e / kTile, j = e % kTile;
-      if (j < tv) Lambda[(chunk * K + k) * V + j0 + j] = L[e];
-    }
+    store_slice(Lambda, L, chunk * K, K, V, j0, tv);
     for (int e = tid; e < K * C; e += blockDim.x) M[e] = KdT[chunk * K * C + e];
     __syncthreads();
     // dV_total = dVnew_n + KdT_n^T L
@@ -123,10 +123,7 @@ __global__ void state_pass_backward_kernel(const float* __restrict__ W, const fl
     }
     __syncthreads();
   }
-  for (int e = tid; e < K * kTile; e += blockDim.x) {
-    const int k = e / kTile, j = e % kTile;
-    if (j < tv) dS0[(static_cast<size_t>(bh) * K + k) * V + j0 + j] = L[e];
-  }
+  store_slice(dS0, L, static_cast<size_t>(bh) * K, K, V, j0, tv);
 }
 
 const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
