@@ -6,7 +6,7 @@
 # the first steps do not count.
 #   bench/gpu/launch_overhead.sh BUILD_DIR TOKENIZER TEXT WORK_DIR [STEPS]
 set -euo pipefail
-BUILD=$1 TOK=$2 DATA=$3 WORK=$4 STEPS=${5:-60}
+BUILD=$1 TOK=$2 DATA=$3 WORK=$4 STEPS=${5:-100}
 BIN=$BUILD/linearize
 JOB=(pretrain --tokenizer "$TOK" --data "$DATA" --hidden 576 --layers 30 --heads 9 --kv-heads 3
      --intermediate 1536 --seq-len 512 --batch 16 --steps "$STEPS" --device cuda --log-every 20)

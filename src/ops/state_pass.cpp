@@ -41,30 +41,34 @@ StatePass state_pass_libtorch(const torch::Tensor& W, const torch::Tensor& U, co
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Inputs W (or undefined), U, KdT, D [B,H,N,K] (or undefined), S0; outputs states, writes (family B;
-// an empty tensor for A), final state.
+// Custom autograd functions cannot take undefined tensors, so an absent W, D or S0 arrives as an
+// empty placeholder; `present` turns it back into an undefined tensor.
+torch::Tensor present(const torch::Tensor& t) { return t.numel() > 0 ? t : torch::Tensor(); }
+
+// Inputs W (family B; empty for A), U, KdT, D [B,H,N,K] (empty: no decay), S0; outputs states, writes
+// (family B; empty for A), final state.
 struct StatePassFunction : public torch::autograd::Function<StatePassFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& W, const torch::Tensor& U,
                                const torch::Tensor& KdT, const torch::Tensor& D, const torch::Tensor& S0) {
-    auto out = cuda_kernels::state_pass_forward(W, U, KdT, D, S0);
-    const bool delta = W.defined();
-    ctx->save_for_backward({W, U, KdT, D, out.states, delta ? out.writes : torch::Tensor()});
-    ctx->saved_data["has_d"] = D.defined();
+    auto out = cuda_kernels::state_pass_forward(present(W), U, KdT, present(D), present(S0));
+    const bool delta = present(W).defined();
     auto writes = delta ? out.writes : torch::empty({0}, U.options());
+    ctx->save_for_backward({W, U, KdT, D, out.states, writes});
     if (!delta) ctx->mark_non_differentiable({writes});
     return {out.states, writes, out.final_state};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &W = saved[0], &U = saved[1], &KdT = saved[2], &D = saved[3], &states = saved[4], &writes = saved[5];
+    const auto W = present(saved[0]), D = present(saved[3]);
+    const auto &U = saved[1], &KdT = saved[2], &states = saved[4], &writes = saved[5];
     const bool delta = W.defined();
     auto g = cuda_kernels::state_pass_backward(W, KdT, D, grads[0], delta ? grads[1] : torch::Tensor(), grads[2],
                                                U.size(4));
     const auto& X = delta ? writes : U;  // [B,H,N,C,V]
     torch::Tensor dW, dD;
     if (delta) dW = -g.d_writes_total.matmul(states.transpose(-1, -2));  // [B,H,N,C,K]
-    auto dKdT = g.lambda.matmul(X.to(torch::kFloat).transpose(-1, -2));   // [B,H,N,K,C]
+    auto dKdT = g.lambda.matmul(X.transpose(-1, -2));                     // [B,H,N,K,C]
     if (D.defined()) dD = (g.lambda * states).sum(-1);                     // [B,H,N,K]
     return {dW, g.d_writes_total, dKdT, dD, g.d_initial};
   }
@@ -80,8 +84,9 @@ StatePass state_pass(const torch::Tensor& W, const torch::Tensor& U, const torch
     const int64_t B = U.size(0), H = U.size(1), N = U.size(2), K = KdT.size(3);
     // The kernels work in fp32 (under autocast the products feeding them may be bf16); D arrives as
     // [B,H,N,K,1] (vector gate) or [B,H,N,1,1] (scalar or fixed gate) and goes in per key channel.
-    auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : t; };
-    auto Dk = D.defined() ? f32(D).squeeze(-1).expand({B, H, N, K}).contiguous() : torch::Tensor();
+    const auto empty = torch::empty({0}, U.options().dtype(torch::kFloat));
+    auto f32 = [&](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : empty; };
+    auto Dk = D.defined() ? f32(D).squeeze(-1).expand({B, H, N, K}).contiguous() : empty;
     auto out = StatePassFunction::apply(f32(W), f32(U), f32(KdT), Dk, f32(S0));
     return {out[0], W.defined() ? out[1] : torch::Tensor(), out[2]};
   }
