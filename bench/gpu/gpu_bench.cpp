@@ -52,6 +52,7 @@ struct Settings {
   torch::Device device = torch::kCUDA;
   bool quick = false;
   std::vector<std::string> shapes = {"135m", "1.7b"};
+  bool shapes_given = false;
 };
 
 void sync(const torch::Device& d) {
@@ -316,7 +317,9 @@ void bench_train(const Settings& s) {
 
 void bench_decode(const Settings& s) {
   const bool gpu = s.device.is_cuda();
-  const auto c = shape(gpu ? "135m" : "tiny");
+  // The 135M shape on the GPU; on a CPU the tiny one unless --shapes names one (its first).
+  const std::string shape_name = gpu ? "135m" : s.shapes_given ? s.shapes.front() : "tiny";
+  const auto c = shape(shape_name);
   std::vector<int64_t> contexts = gpu ? std::vector<int64_t>{1024, 4096, 16384, 32768} : std::vector<int64_t>{256, 1024};
   std::vector<int64_t> batches = gpu ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 4};
   std::vector<std::string> models = {"teacher"};
@@ -383,7 +386,7 @@ void bench_decode(const Settings& s) {
       }
   }
   for (int64_t B : batches) {
-    std::cout << "\n### Decoding, SmolLM2-" << (gpu ? "135m" : "tiny") << " shape, " << (gpu ? "bf16" : "fp32")
+    std::cout << "\n### Decoding, SmolLM2-" << shape_name << " shape, " << (gpu ? "bf16" : "fp32")
               << ", batch " << B << ": tokens/s (state MiB per sequence)\n\n| model |";
     for (int64_t L : contexts) std::cout << " context " << L << " |";
     std::cout << "\n|---|";
@@ -427,6 +430,7 @@ int main(int argc, char** argv) {
       s.device = torch::Device(argv[++i]);
     } else if (a == "--shapes" && i + 1 < argc) {
       s.shapes.clear();
+      s.shapes_given = true;
       std::stringstream ss(argv[++i]);
       for (std::string item; std::getline(ss, item, ',');) s.shapes.push_back(item);
     } else {
