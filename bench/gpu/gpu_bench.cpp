@@ -368,8 +368,7 @@ void bench_decode(const Settings& s) {
         });
         table[name][{B, L}] = {static_cast<double>(B * steps) / sec, static_cast<double>(state_bytes(state)) / B};
         std::cerr << "  batch " << B << " context " << L << ": " << fmt(table[name][{B, L}].tok_s, "%.0f") << " tok/s";
-        std::string why;
-        if (GraphedDecodeStep::usable(model, state, &why)) {
+        if (GraphedDecodeStep::usable(model, state)) {
           try {
             GraphedDecodeStep graph(model, state, B);
             const double gsec = time_it(s.device, 1, 3, [&] {

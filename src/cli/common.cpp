@@ -45,7 +45,7 @@ std::vector<OptionSpec> training_options(const std::string& default_lr, const st
       {"resume", "", "continue from the run folder's checkpoints"},
       {"stop-after", "N", "stop after step N's checkpoint, as if killed (for testing resume)"},
       {"quiet", "", "no progress lines"},
-      {"recompute", "", "recompute each layer's activations in backward: much less memory, ~30% more time"},
+      {"recompute", "", "recompute each layer's activations in backward: much less memory, one more forward pass per layer"},
       {"config", "FILE", "JSON file with any of these options ({\"seq-len\": 512, ...})"},
       device_option(),
   };

@@ -5,6 +5,8 @@
 
 #include <utility>
 
+#include "ops/common.h"
+
 namespace linearize::ops::cuda_kernels {
 
 // One decode step of family A (beta undefined) or B (beta given), one launch for all heads:
@@ -24,10 +26,7 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
 // W [B,H,N,C,K] or undefined; U [B,H,N,C,V]; KdT [B,H,N,K,C]; D [B,H,N,K] or undefined (no decay);
 // S0 [B,H,K,V] or undefined. Returns S^(n) for every n (the state entering chunk n), X (family B only)
 // and S^(N).
-struct StatePassOut {
-  torch::Tensor states, writes, final_state;
-};
-StatePassOut state_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+detail::StatePass state_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
                                 const torch::Tensor& D, const torch::Tensor& S0);
 
 // Its reverse pass, given the gradients of the three outputs (each may be undefined): lambda[n] =

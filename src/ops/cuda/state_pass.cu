@@ -140,14 +140,14 @@ void prepare(Kernel kernel, size_t smem) {
 
 }  // namespace
 
-StatePassOut state_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+detail::StatePass state_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
                                 const torch::Tensor& D, const torch::Tensor& S0) {
   const int64_t B = U.size(0), H = U.size(1), N = U.size(2), C = U.size(3), V = U.size(4), K = KdT.size(3);
   const c10::cuda::CUDAGuard guard(U.device());
   auto Wc = fp32_contiguous(W), Uc = fp32_contiguous(U), Kc = fp32_contiguous(KdT), Dc = fp32_contiguous(D),
        S0c = fp32_contiguous(S0);
   const auto opts = Uc.options();
-  StatePassOut out;
+  detail::StatePass out;
   out.states = torch::empty({B, H, N, K, V}, opts);
   out.writes = W.defined() ? torch::empty({B, H, N, C, V}, opts) : torch::Tensor();
   out.final_state = torch::empty({B, H, K, V}, opts);
