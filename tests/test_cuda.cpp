@@ -23,6 +23,7 @@
 #include "model/mixers/factory.h"
 #include "model/mixers/mixer_config.h"
 #include "model/student.h"
+#include "ops/common.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -126,6 +127,38 @@ TEST(CudaOps, ChunkMatchesCpuForwardAndGradients) {
     }
     EXPECT_LE(e_grad, 1e-4);
     std::printf("[cuda-ops] %-18s o %.1e  state %.1e  worst grad %.1e\n", c.name.c_str(), e_o, e_s, e_grad);
+  }
+}
+
+// The diagonal sub-block scores of vector gates: kernels (fused on) vs pairwise libtorch ops, both
+// masks, forward and the gradients of X, Y and G.
+TEST(CudaOps, DiagonalBlockScoresMatchLibtorch) {
+  REQUIRE_CUDA();
+  NoTf32 no_tf32;
+  for (bool strict : {false, true}) {
+    torch::manual_seed(strict ? 1 : 0);
+    auto X = torch::randn({2, 3, 5, 16, 40}, torch::kCUDA).requires_grad_(true);
+    auto Y = torch::randn({2, 3, 5, 16, 40}, torch::kCUDA).requires_grad_(true);
+    auto G = (torch::log_sigmoid(torch::randn({2, 3, 5, 16, 40}, torch::kCUDA) + 2) / 4).cumsum(3).detach()
+                 .requires_grad_(true);
+    auto dout = torch::randn({2, 3, 5, 16, 16}, torch::kCUDA);
+    auto run = [&](bool fused) {
+      ops::set_fused_kernels(fused);
+      auto out = ops::detail::diagonal_block_scores({X}, Y, G, strict)[0];
+      ops::set_fused_kernels(true);
+      auto grads = torch::autograd::grad({out}, {X, Y, G}, {dout});
+      return std::make_pair(out, grads);
+    };
+    auto [o_k, g_k] = run(true);
+    auto [o_t, g_t] = run(false);
+    const double e_o = rel_err(o_k, o_t);
+    double e_g = 0;
+    for (size_t i = 0; i < 3; ++i) e_g = std::max(e_g, rel_err(g_k[i], g_t[i]));
+    EXPECT_LE(e_o, 1e-5);
+    EXPECT_LE(e_g, 1e-5);
+    // The mask: nothing above the diagonal (nor on it when strict).
+    EXPECT_EQ(o_k.triu(strict ? 0 : 1).abs().max().item<float>(), 0.f);
+    std::printf("[cuda-ops] diagonal scores strict=%d  o %.1e  worst grad %.1e\n", strict, e_o, e_g);
   }
 }
 

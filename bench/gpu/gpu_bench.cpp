@@ -1,9 +1,9 @@
 // GPU benchmarks of issue 7, each a ratio against a baseline measured in the same run, printed as
 // Markdown tables (stdout) with progress on stderr:
 //
-//   ops     chunked forward+backward of every op family (bf16 inputs, fp32 gates and state) against
-//           causal softmax attention through scaled_dot_product_attention (flash on CUDA);
-//           B=8, H=32, D=128, T = 1k..16k.
+//   ops     chunked forward+backward of every op family (bf16 inputs, fp32 gates and state, forward
+//           under bf16 autocast as in training) against causal softmax attention through
+//           scaled_dot_product_attention (flash on CUDA); B=8, H=32, D=128, T = 1k..16k.
 //   train   stage-3 distillation steps per mixer (teacher bf16 forward + student forward/backward under
 //           bf16 autocast + clipped AdamW step on fp32 weights, as the trainer does) against training the
 //           teacher itself at the same batch; tokens/s, model FLOPs utilisation (6 N per token for the
@@ -158,9 +158,14 @@ void bench_ops(const Settings& s) {
       auto kn = kind.family == 1 ? ops::l2_norm(k.detach()).requires_grad_(true) : k;
       const double t = time_it(s.device, 1, 3, [&] {
         torch::Tensor o;
-        if (kind.family == 0) o = ops::gla_chunk(q, kn, v, g, {}, scale).o;
-        else if (kind.family == 1) o = ops::delta_rule_chunk(q, kn, v, beta, g, {}, scale).o;
-        else o = ops::mlstm_chunk(q, kn, v, ig, fg, {}, scale).h;
+        {
+          // As the trainer calls them: forward under bf16 autocast on CUDA (products in bf16, gates and
+          // state fp32); the backward follows the recorded dtypes.
+          compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, gpu);
+          if (kind.family == 0) o = ops::gla_chunk(q, kn, v, g, {}, scale).o;
+          else if (kind.family == 1) o = ops::delta_rule_chunk(q, kn, v, beta, g, {}, scale).o;
+          else o = ops::mlstm_chunk(q, kn, v, ig, fg, {}, scale).h;
+        }
         o.sum().backward();
       });
       ms[kind.name].push_back(t);
@@ -169,7 +174,7 @@ void bench_ops(const Settings& s) {
     }
   }
   std::cout << "\n### Op forward+backward, B=" << B << " H=" << H << " D=" << D << ", "
-            << (gpu ? "bf16 inputs" : "fp32") << ": speed-up over causal softmax attention (SDPA)\n\n"
+            << (gpu ? "bf16 inputs, bf16 autocast" : "fp32") << ": speed-up over causal softmax attention (SDPA)\n\n"
             << "Each cell: time in ms (ratio = attention time / op time; > 1 is faster).\n\n| op |";
   for (int64_t T : Ts) std::cout << " T=" << T << " |";
   std::cout << "\n|---|";

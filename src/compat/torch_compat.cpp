@@ -1,5 +1,6 @@
 #include "compat/torch_compat.h"
 
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 
 #include <cmath>
@@ -77,6 +78,16 @@ AutocastGuard::~AutocastGuard() {
     at::autocast::set_autocast_cpu_dtype(prev_dtype_);
   }
 #endif
+}
+
+Tf32Guard::Tf32Guard(bool enabled) : enabled_(enabled) {
+  if (!enabled_) return;
+  prev_ = at::globalContext().allowTF32CuBLAS();
+  at::globalContext().setAllowTF32CuBLAS(true);
+}
+
+Tf32Guard::~Tf32Guard() {
+  if (enabled_) at::globalContext().setAllowTF32CuBLAS(prev_);
 }
 
 }  // namespace linearize::compat

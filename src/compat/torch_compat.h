@@ -50,4 +50,19 @@ class AutocastGuard {
   torch::ScalarType prev_dtype_ = torch::kFloat;
 };
 
+// RAII guard that lets fp32 matrix products on CUDA use TF32 tensor cores (10-bit mantissa, as
+// precise as the bf16 operands they stand in for) while it is in scope, then restores the setting.
+// Custom autograd functions take it in their backward, where autocast is off.
+class Tf32Guard {
+ public:
+  explicit Tf32Guard(bool enabled);
+  ~Tf32Guard();
+  Tf32Guard(const Tf32Guard&) = delete;
+  Tf32Guard& operator=(const Tf32Guard&) = delete;
+
+ private:
+  bool enabled_;
+  bool prev_ = false;
+};
+
 }  // namespace linearize::compat

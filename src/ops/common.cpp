@@ -6,7 +6,7 @@
 // and key rows j < s0, with ref = G[s0]:
 //   exp(G_r - G_j) = exp(G_r - ref) * exp(ref - G_j),  both exponents <= 0,
 // so X ⊙ exp(G - ref) and Y ⊙ exp(ref - G) never overflow. Inside the diagonal c x c sub-block the
-// factor is taken pairwise, [c, c, K], masked before the exp.
+// factor is taken pairwise (detail::diagonal_block_scores).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -115,13 +115,10 @@ std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, co
   auto Ys = Y.reshape({B, H, N, S, c, K});
   auto Gs = G.reshape({B, H, N, S, c, K});
 
-  // Diagonal sub-blocks, pairwise: EY[r,j,d] = exp(G_r - G_j) Y[j,d] for j <= r (j < r when strict).
-  auto sub_mask = causal_mask(c, strict, Y.device()).view({c, c, 1});
-  auto EY = (Gs.unsqueeze(5) - Gs.unsqueeze(4)).masked_fill(~sub_mask, kNegInf).exp() *
-            Ys.unsqueeze(4);  // [B,H,N,S,c,c,K]
-  std::vector<torch::Tensor> diags;
-  for (const auto& X : Xs)
-    diags.push_back((EY * X.reshape({B, H, N, S, c, K}).unsqueeze(5)).sum(-1));  // [B,H,N,S,c,c]
+  // Diagonal sub-blocks, [B,H,N,S,c,c] each.
+  std::vector<torch::Tensor> Xsub;
+  for (const auto& X : Xs) Xsub.push_back(X.reshape({B, H, N, S, c, K}));
+  auto diags = diagonal_block_scores(Xsub, Ys, Gs, strict);
   if (S == 1) {
     for (const auto& d : diags) out.push_back(d.reshape({B, H, N, C, C}));
     return out;

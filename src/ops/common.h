@@ -55,6 +55,14 @@ torch::Tensor causal_mask(int64_t C, bool strict, const torch::Device& device);
 torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
                            bool strict);
 
+// The diagonal c x c sub-blocks of the vector case: for X, Y, G [..., c, K] of one shape,
+//   out[..., r, j] = Σ_d X[r,d] Y[j,d] exp(G[r,d] - G[j,d])  for j <= r (j < r when strict), 0 elsewhere,
+// [..., c, c], one per X. The factors are taken pairwise, masked before the exp. On CUDA (fp32, c = 16,
+// fused kernels on) one kernel each way keeps them in registers; elsewhere libtorch ops form them as
+// [..., c, c, K].
+std::vector<torch::Tensor> diagonal_block_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
+                                                 const torch::Tensor& G, bool strict);
+
 // The same for several X against one Y and G: the decay factors are built once (the delta rule needs
 // the scores of beta*K and of Q against K).
 std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,

@@ -1,6 +1,8 @@
 // The chunk-to-chunk state pass of families A and B (see common.h). On CUDA with fused kernels on, a
-// custom autograd function around the two kernels of ops/cuda/state_pass.cu; elsewhere a loop of
-// libtorch ops over the chunks, differentiated by autograd.
+// custom autograd function around the kernels of ops/cuda/state_pass.cu (a walk with the products
+// inside for family B, a batched product and a decayed scan for family A); elsewhere a loop of libtorch
+// ops over the chunks, differentiated by autograd.
+#include "compat/torch_compat.h"
 #include "ops/common.h"
 #include "ops/ops.h"
 
@@ -17,8 +19,14 @@ StatePass state_pass_libtorch(const torch::Tensor& W, const torch::Tensor& U, co
   const int64_t N = U.size(2);
   const bool delta = W.defined();
   auto S = S0;
-  // Family A: the chunk contributions do not depend on the state, so they are one batched product.
-  const auto dS_all = delta ? torch::Tensor() : KdT.matmul(U);  // [B,H,N,K,V]
+  // Per-chunk views through unbind (its backward stacks the gradients; select's would build a full
+  // zero tensor per chunk). Family A: the chunk contributions do not depend on the state, so they
+  // are one batched product.
+  using Tensors = std::vector<torch::Tensor>;
+  const auto Us = delta ? U.unbind(2) : Tensors(), KdTs = delta ? KdT.unbind(2) : Tensors();
+  const auto Ws = delta ? W.unbind(2) : Tensors();
+  const auto Ds = D.defined() ? D.unbind(2) : Tensors();
+  const auto dS_all = delta ? Tensors() : KdT.matmul(U).unbind(2);  // N x [B,H,K,V]
   std::vector<torch::Tensor> states, writes;
   states.reserve(N);
   if (delta) writes.reserve(N);
@@ -26,13 +34,13 @@ StatePass state_pass_libtorch(const torch::Tensor& W, const torch::Tensor& U, co
     states.push_back(S);
     torch::Tensor dS;
     if (delta) {
-      auto X = U.select(2, n) - W.select(2, n).matmul(S);  // [B,H,C,V]
+      auto X = Us[n] - Ws[n].matmul(S);  // [B,H,C,V]
       writes.push_back(X);
-      dS = KdT.select(2, n).matmul(X);
+      dS = KdTs[n].matmul(X);
     } else {
-      dS = dS_all.select(2, n);
+      dS = dS_all[n];
     }
-    S = D.defined() ? D.select(2, n) * S + dS : S + dS;
+    S = D.defined() ? Ds[n] * S + dS : S + dS;
   }
   return {torch::stack(states, 2), delta ? torch::stack(writes, 2) : torch::Tensor(), S};
 }
@@ -46,12 +54,22 @@ using torch::autograd::variable_list;
 torch::Tensor present(const torch::Tensor& t) { return t.numel() > 0 ? t : torch::Tensor(); }
 
 // Inputs W (family B; empty for A), U, KdT, D [B,H,N,K] (empty: no decay), S0; outputs states, writes
-// (family B; empty for A), final state.
+// (family B; empty for A), final state. Family B walks the chunks with the products inside one kernel;
+// family A forms every chunk's contribution KdT_n U_n in one batched product and scans them.
+// `low_precision` (bf16 inputs or autocast): the backward's products may use TF32.
 struct StatePassFunction : public torch::autograd::Function<StatePassFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& W, const torch::Tensor& U,
-                               const torch::Tensor& KdT, const torch::Tensor& D, const torch::Tensor& S0) {
-    auto out = cuda_kernels::state_pass_forward(present(W), U, KdT, present(D), present(S0));
+                               const torch::Tensor& KdT, const torch::Tensor& D, const torch::Tensor& S0,
+                               bool low_precision) {
+    ctx->saved_data["low_precision"] = low_precision;
     const bool delta = present(W).defined();
+    StatePass out;
+    if (delta) {
+      out = cuda_kernels::delta_pass_forward(W, U, KdT, present(D), present(S0));
+    } else {
+      auto [states, final_state] = cuda_kernels::decay_scan_forward(KdT.matmul(U), present(D), present(S0));
+      out.states = states, out.final_state = final_state;
+    }
     auto writes = delta ? out.writes : torch::empty({0}, U.options());
     ctx->save_for_backward({W, U, KdT, D, out.states, writes});
     if (!delta) ctx->mark_non_differentiable({writes});
@@ -63,14 +81,22 @@ struct StatePassFunction : public torch::autograd::Function<StatePassFunction> {
     const auto W = present(saved[0]), D = present(saved[3]);
     const auto &U = saved[1], &KdT = saved[2], &states = saved[4], &writes = saved[5];
     const bool delta = W.defined();
-    auto g = cuda_kernels::state_pass_backward(W, KdT, D, grads[0], delta ? grads[1] : torch::Tensor(), grads[2],
-                                               U.size(4));
+    const compat::Tf32Guard tf32(ctx->saved_data["low_precision"].toBool());
+    cuda_kernels::StatePassGrads g;
+    if (delta) {
+      g = cuda_kernels::delta_pass_backward(W, KdT, D, grads[0], grads[1], grads[2], U.size(4));
+    } else {
+      auto [lambda, d_initial] = cuda_kernels::decay_scan_backward(D, grads[0], grads[2], U.size(0), U.size(1),
+                                                                   U.size(2), KdT.size(3), U.size(4), U.options());
+      g.lambda = lambda, g.d_initial = d_initial;
+      g.d_writes_total = KdT.transpose(-1, -2).matmul(lambda);  // dU [B,H,N,C,V]
+    }
     const auto& X = delta ? writes : U;  // [B,H,N,C,V]
     torch::Tensor dW, dD;
     if (delta) dW = -g.d_writes_total.matmul(states.transpose(-1, -2));  // [B,H,N,C,K]
     auto dKdT = g.lambda.matmul(X.transpose(-1, -2));                     // [B,H,N,K,C]
     if (D.defined()) dD = (g.lambda * states).sum(-1);                     // [B,H,N,K]
-    return {dW, g.d_writes_total, dKdT, dD, g.d_initial};
+    return {dW, g.d_writes_total, dKdT, dD, g.d_initial, torch::Tensor()};
   }
 };
 #endif
@@ -87,7 +113,9 @@ StatePass state_pass(const torch::Tensor& W, const torch::Tensor& U, const torch
     const auto empty = torch::empty({0}, U.options().dtype(torch::kFloat));
     auto f32 = [&](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : empty; };
     auto Dk = D.defined() ? f32(D).squeeze(-1).expand({B, H, N, K}).contiguous() : empty;
-    auto out = StatePassFunction::apply(f32(W), f32(U), f32(KdT), Dk, f32(S0));
+    const bool low_precision = U.scalar_type() == torch::kBFloat16 || U.scalar_type() == torch::kHalf ||
+                               compat::autocast_state(torch::kCUDA).enabled;
+    auto out = StatePassFunction::apply(f32(W), f32(U), f32(KdT), Dk, f32(S0), low_precision);
     return {out[0], W.defined() ? out[1] : torch::Tensor(), out[2]};
   }
 #endif

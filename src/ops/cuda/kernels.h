@@ -19,15 +19,16 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
                                                        const torch::Tensor& beta, const torch::Tensor& S,
                                                        double scale);
 
-// The chunk-to-chunk state pass of the chunked forms (fp32; inner shapes [B, H, N, ...], N chunks of C):
+// The chunk-to-chunk state pass of the chunked forms (fp32; inner shapes [B, H, N, ...], N chunks of C).
+//
+// Family B (delta rule), the products inside the walk:
 //   S^(0) = S0 (zeros when undefined)
-//   X_n = U_n - W_n S^(n)            (family B; family A: W undefined, X_n = U_n)
+//   X_n = U_n - W_n S^(n)
 //   S^(n+1) = Diag(D_n) S^(n) + KdT_n X_n
-// W [B,H,N,C,K] or undefined; U [B,H,N,C,V]; KdT [B,H,N,K,C]; D [B,H,N,K] or undefined (no decay);
-// S0 [B,H,K,V] or undefined. Returns S^(n) for every n (the state entering chunk n), X (family B only)
-// and S^(N).
-detail::StatePass state_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
-                                const torch::Tensor& D, const torch::Tensor& S0);
+// W [B,H,N,C,K]; U [B,H,N,C,V]; KdT [B,H,N,K,C]; D [B,H,N,K] or undefined (no decay); S0 [B,H,K,V] or
+// undefined. Returns S^(n) for every n (the state entering chunk n), X and S^(N).
+detail::StatePass delta_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+                                     const torch::Tensor& D, const torch::Tensor& S0);
 
 // Its reverse pass, given the gradients of the three outputs (each may be undefined): lambda[n] =
 // dLoss/dS^(n+1), d_writes_total[n] = dLoss/dX_n (through every path) and d_initial = dLoss/dS0. The
@@ -35,8 +36,30 @@ detail::StatePass state_pass_forward(const torch::Tensor& W, const torch::Tensor
 struct StatePassGrads {
   torch::Tensor lambda, d_writes_total, d_initial;
 };
-StatePassGrads state_pass_backward(const torch::Tensor& W, const torch::Tensor& KdT, const torch::Tensor& D,
+StatePassGrads delta_pass_backward(const torch::Tensor& W, const torch::Tensor& KdT, const torch::Tensor& D,
                                    const torch::Tensor& d_states, const torch::Tensor& d_writes,
                                    const torch::Tensor& d_final, int64_t V);
+
+// Family A, the decayed scan over chunk contributions dS [B,H,N,K,V] (the caller's batched KdT_n U_n):
+//   S^(n+1) = Diag(D_n) S^(n) + dS_n.  Returns every S^(n) [B,H,N,K,V] and S^(N) [B,H,K,V].
+std::pair<torch::Tensor, torch::Tensor> decay_scan_forward(const torch::Tensor& dS, const torch::Tensor& D,
+                                                           const torch::Tensor& S0);
+// Its reverse: lambda[n] = dLoss/dS^(n+1) [B,H,N,K,V] (also the gradient of dS_n) and dLoss/dS0.
+// d_states and d_final may be undefined (no gradient).
+std::pair<torch::Tensor, torch::Tensor> decay_scan_backward(const torch::Tensor& D, const torch::Tensor& d_states,
+                                                            const torch::Tensor& d_final, int64_t B, int64_t H,
+                                                            int64_t N, int64_t K, int64_t V,
+                                                            const torch::TensorOptions& opts);
+
+// Diagonal sub-blocks of the vector-gated scores (common.h, detail::diagonal_block_scores), fp32:
+//   out[m, r, j] = Σ_d X[m,r,d] Y[m,j,d] exp(G[m,r,d] - G[m,j,d])  for j <= r (j < r when strict), else 0
+// X, Y, G contiguous [..., 16, K] of one shape (16 rows per sub-chunk); out [..., 16, 16].
+torch::Tensor diagonal_scores_forward(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
+                                      bool strict);
+struct DiagonalScoresGrads {
+  torch::Tensor dX, dY, dG;
+};
+DiagonalScoresGrads diagonal_scores_backward(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
+                                             const torch::Tensor& d_out, bool strict);
 
 }  // namespace linearize::ops::cuda_kernels

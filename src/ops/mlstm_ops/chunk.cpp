@@ -9,8 +9,9 @@
 //   h_r   = num_r / (max(|den_r|, e^{-M_r}) + eps)
 //   a_j = b_last - b_j + i_j,  m' = max(b_last + m, max_j a_j)
 //   C' = e^{b_last + m - m'} C + Σ_j e^{a_j - m'} k_j v_j^T   (n' likewise with v = 1)
-// The intra-chunk sums are batched over all chunks, taken relative to max_j a_j; the loop over chunks
-// only rescales and adds. Padding: igate = -inf, log f = 0 (fgate = +inf), zero q, k, v.
+// The intra-chunk sums are batched over all chunks, taken relative to max_j a_j. The max state m
+// depends only on the gates, so it comes first (a loop over per-head scalars); then C and n are one
+// decayed scan over chunks (detail::state_pass, family A: one CUDA kernel each way on the GPU). Padding: igate = -inf, log f = 0 (fgate = +inf), zero q, k, v.
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; igate, fgate [B,T,H]; inside [B,H,N,C,D]; state c [B,H,K,V],
 // n [B,H,K], m [B,H]. Autograd flows through (including max and abs in the normaliser).
@@ -56,30 +57,33 @@ MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const to
   auto a = b_last.unsqueeze(-1) - b + ig;                    // [B,H,N,C]
   auto a_max = std::get<0>(a.max(-1));                       // [B,H,N]
   auto Kw = Kc * (a - a_max.unsqueeze(-1)).exp().unsqueeze(-1);  // [B,H,N,C,K]
-  auto dC = Kw.transpose(-1, -2).matmul(Vc);                 // [B,H,N,K,V]
-  auto dn = Kw.sum(-2);                                      // [B,H,N,K]
 
   auto c = init.defined() ? init.c.to(dt) : torch::zeros({B, H, K, V}, opts);  // [B,H,K,V]
   auto n = init.defined() ? init.n.to(dt) : torch::zeros({B, H, K}, opts);     // [B,H,K]
   auto m = init.defined() ? init.m.to(dt) : torch::zeros({B, H}, opts);        // [B,H]
-  std::vector<torch::Tensor> cs, ns, ms;  // state entering chunk n
-  cs.reserve(N);
-  ns.reserve(N);
-  ms.reserve(N);
-  for (int64_t j = 0; j < N; ++j) {
-    cs.push_back(c);
-    ns.push_back(n);
-    ms.push_back(m);
-    auto bl = b_last.select(2, j), am = a_max.select(2, j);  // [B,H]
-    auto m_new = torch::maximum(bl + m, am);
-    auto decay = (bl + m - m_new).exp(), w = (am - m_new).exp();  // [B,H]
-    c = decay.view({B, H, 1, 1}) * c + w.view({B, H, 1, 1}) * dC.select(2, j);
-    n = decay.unsqueeze(-1) * n + w.unsqueeze(-1) * dn.select(2, j);
-    m = m_new;
-  }
-  auto Cn = torch::stack(cs, 2);  // [B,H,N,K,V]
-  auto Nn = torch::stack(ns, 2);  // [B,H,N,K]
-  auto mn = torch::stack(ms, 2);  // [B,H,N]
+
+  // The max state first: it depends on the gates only (a loop over [B,H] scalars per chunk).
+  std::vector<torch::Tensor> ms;  // m entering chunk j
+  ms.reserve(N + 1);
+  ms.push_back(m);
+  const auto bls = b_last.unbind(2), ams = a_max.unbind(2);  // N x [B,H]
+  for (int64_t j = 0; j < N; ++j) ms.push_back(torch::maximum(bls[j] + ms.back(), ams[j]));
+  auto m_all = torch::stack(ms, 2);                       // [B,H,N+1]
+  auto mn = m_all.narrow(2, 0, N), m_next = m_all.narrow(2, 1, N);  // [B,H,N]
+  auto decay = (b_last + mn - m_next).exp();              // [B,H,N]
+  auto w = (a_max - m_next).exp();                        // [B,H,N]
+
+  // Then (C, n) together as one decayed scan over [K, V+1] (the last column carries n):
+  //   [C n]^(j+1) = decay_j [C n]^(j) + (w_j Kw_j)^T [V_j 1]
+  auto U = torch::cat({Vc, torch::ones({B, H, N, C, 1}, opts)}, -1);   // [B,H,N,C,V+1]
+  auto KdT = (Kw * w.unsqueeze(-1).unsqueeze(-1)).transpose(-1, -2);  // [B,H,N,K,C]
+  auto S0 = torch::cat({c, n.unsqueeze(-1)}, -1);                     // [B,H,K,V+1]
+  auto pass = detail::state_pass({}, U, KdT, decay.unsqueeze(-1).unsqueeze(-1), S0);
+  auto Cn = pass.states.narrow(-1, 0, V);                 // [B,H,N,K,V]: C entering chunk j
+  auto Nn = pass.states.select(-1, V);                    // [B,H,N,K]
+  c = pass.final_state.narrow(-1, 0, V);
+  n = pass.final_state.select(-1, V);
+  m = ms.back();
 
   auto m_inter = b + mn.unsqueeze(-1);                   // [B,H,N,C]
   auto M = torch::maximum(m_inter, m_intra);             // [B,H,N,C]
