@@ -135,30 +135,66 @@ TEST(CudaOps, ChunkMatchesCpuForwardAndGradients) {
 TEST(CudaOps, DiagonalBlockScoresMatchLibtorch) {
   REQUIRE_CUDA();
   NoTf32 no_tf32;
-  for (bool strict : {false, true}) {
-    torch::manual_seed(strict ? 1 : 0);
-    auto X = torch::randn({2, 3, 5, 16, 40}, torch::kCUDA).requires_grad_(true);
-    auto Y = torch::randn({2, 3, 5, 16, 40}, torch::kCUDA).requires_grad_(true);
-    auto G = (torch::log_sigmoid(torch::randn({2, 3, 5, 16, 40}, torch::kCUDA) + 2) / 4).cumsum(3).detach()
-                 .requires_grad_(true);
-    auto dout = torch::randn({2, 3, 5, 16, 16}, torch::kCUDA);
+  // The second shape has more sub-chunks than a grid's y dimension holds (65535).
+  const std::vector<std::vector<int64_t>> shapes = {{2, 3, 5, 16, 40}, {70000, 16, 8}};
+  for (const auto& shape : shapes)
+    for (bool strict : {false, true}) {
+      torch::manual_seed(strict ? 1 : 0);
+      auto X = torch::randn(shape, torch::kCUDA).requires_grad_(true);
+      auto Y = torch::randn(shape, torch::kCUDA).requires_grad_(true);
+      auto G = (torch::log_sigmoid(torch::randn(shape, torch::kCUDA) + 2) / 4).cumsum(-2).detach().requires_grad_(true);
+      auto out_shape = shape;
+      out_shape.back() = 16;
+      auto dout = torch::randn(out_shape, torch::kCUDA);
+      auto run = [&](bool fused) {
+        ops::set_fused_kernels(fused);
+        auto out = ops::detail::diagonal_block_scores({X}, Y, G, strict)[0];
+        ops::set_fused_kernels(true);
+        auto grads = torch::autograd::grad({out}, {X, Y, G}, {dout});
+        return std::make_pair(out, grads);
+      };
+      auto [o_k, g_k] = run(true);
+      auto [o_t, g_t] = run(false);
+      const double e_o = rel_err(o_k, o_t);
+      double e_g = 0;
+      for (size_t i = 0; i < 3; ++i) e_g = std::max(e_g, rel_err(g_k[i], g_t[i]));
+      EXPECT_LE(e_o, 1e-5);
+      EXPECT_LE(e_g, 1e-5);
+      // The mask: nothing above the diagonal (nor on it when strict).
+      EXPECT_EQ(o_k.triu(strict ? 0 : 1).abs().max().item<float>(), 0.f);
+      std::printf("[cuda-ops] diagonal scores %ld sub-chunks strict=%d  o %.1e  worst grad %.1e\n",
+                  static_cast<long>(X.numel() / (16 * shape.back())), strict, e_o, e_g);
+    }
+}
+
+// The delta rule's solve: the inverse kernel applied as a product (fused on) vs linalg_solve_triangular,
+// values and the gradients of L and R, for chunk sizes 16 and 64. Entries of L on and above the
+// diagonal must be ignored.
+TEST(CudaOps, UnitLowerSolveMatchesTriangularSolve) {
+  REQUIRE_CUDA();
+  NoTf32 no_tf32;
+  for (int64_t C : {16, 64}) {
+    torch::manual_seed(C);
+    auto L = (torch::randn({3, 4, C, C}, torch::kCUDA) * 0.2).requires_grad_(true);
+    auto R = torch::randn({3, 4, C, 24}, torch::kCUDA).requires_grad_(true);
+    auto dout = torch::randn({3, 4, C, 24}, torch::kCUDA);
     auto run = [&](bool fused) {
       ops::set_fused_kernels(fused);
-      auto out = ops::detail::diagonal_block_scores({X}, Y, G, strict)[0];
+      auto X = ops::detail::solve_unit_lower(L.tril(-1), R);
       ops::set_fused_kernels(true);
-      auto grads = torch::autograd::grad({out}, {X, Y, G}, {dout});
-      return std::make_pair(out, grads);
+      auto grads = torch::autograd::grad({X}, {L, R}, {dout});
+      return std::make_pair(X, grads);
     };
-    auto [o_k, g_k] = run(true);
-    auto [o_t, g_t] = run(false);
-    const double e_o = rel_err(o_k, o_t);
-    double e_g = 0;
-    for (size_t i = 0; i < 3; ++i) e_g = std::max(e_g, rel_err(g_k[i], g_t[i]));
-    EXPECT_LE(e_o, 1e-5);
+    auto [x_k, g_k] = run(true);
+    auto [x_t, g_t] = run(false);
+    const double e_x = rel_err(x_k, x_t), e_g = std::max(rel_err(g_k[0], g_t[0]), rel_err(g_k[1], g_t[1]));
+    EXPECT_LE(e_x, 1e-5);
     EXPECT_LE(e_g, 1e-5);
-    // The mask: nothing above the diagonal (nor on it when strict).
-    EXPECT_EQ(o_k.triu(strict ? 0 : 1).abs().max().item<float>(), 0.f);
-    std::printf("[cuda-ops] diagonal scores strict=%d  o %.1e  worst grad %.1e\n", strict, e_o, e_g);
+    // Upper garbage in L changes nothing on the kernel path.
+    ops::set_fused_kernels(true);
+    auto with_upper = ops::detail::solve_unit_lower(L.detach().tril(-1) + L.detach().triu(0) * 7, R.detach());
+    EXPECT_LE(rel_err(with_upper, x_k.detach()), 1e-6);
+    std::printf("[cuda-ops] unit lower solve C=%ld  x %.1e  worst grad %.1e\n", static_cast<long>(C), e_x, e_g);
   }
 }
 

@@ -45,6 +45,20 @@ torch::ScalarType compute_dtype(const torch::Tensor& x) {
   return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
 
+torch::ScalarType operand_dtype(const torch::Tensor& x) {
+  const auto t = x.scalar_type();
+  return (t == torch::kBFloat16 || t == torch::kHalf) ? t : compute_dtype(x);
+}
+
+torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b) {
+  auto low = [](torch::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; };
+  const auto ta = a.scalar_type(), tb = b.scalar_type();
+  if (ta == tb) return a.matmul(b);
+  if (low(ta)) return a.matmul(b.to(ta));
+  if (low(tb)) return a.to(tb).matmul(b);
+  return a.matmul(b);  // fp32 with fp64: type promotion fails loudly, as it should
+}
+
 void check_qkv(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const char* op) {
   if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4 || q.sizes() != k.sizes() || v.size(0) != q.size(0) ||
       v.size(1) != q.size(1) || v.size(2) != q.size(2))
@@ -100,12 +114,12 @@ std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, co
   std::vector<torch::Tensor> out;
   out.reserve(Xs.size());
   if (!G.defined()) {
-    for (const auto& X : Xs) out.push_back(X.matmul(Y.transpose(-1, -2)).masked_fill(~mask, 0.0));  // [B,H,N,C,C]
+    for (const auto& X : Xs) out.push_back(product(X, Y.transpose(-1, -2)).masked_fill(~mask, 0.0));  // [B,H,N,C,C]
     return out;
   }
   if (G.dim() == 4) {
     auto decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~mask, kNegInf).exp();  // [B,H,N,C,C]
-    for (const auto& X : Xs) out.push_back(X.matmul(Y.transpose(-1, -2)) * decay);
+    for (const auto& X : Xs) out.push_back(product(X, Y.transpose(-1, -2)) * decay);
     return out;
   }
 
@@ -134,9 +148,9 @@ std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, co
                  .transpose(-1, -2);  // [B,H,N,S,K,C]
 
   // Put each diagonal block at columns s*c .. s*c+c-1 of its query sub-block.
-  auto eye = torch::eye(S, Y.options()).view({S, 1, S, 1});
+  auto eye = torch::eye(S, diags[0].options()).view({S, 1, S, 1});
   for (size_t i = 0; i < Xs.size(); ++i) {
-    auto off = (Xs[i].reshape({B, H, N, S, c, K}) * q_decay).matmul(YtT);     // [B,H,N,S,c,C]
+    auto off = product(Xs[i].reshape({B, H, N, S, c, K}) * q_decay, YtT);   // [B,H,N,S,c,C]
     auto diag_full = (diags[i].unsqueeze(5) * eye).reshape({B, H, N, S, c, C});  // [B,H,N,S,c,C]
     out.push_back((off + diag_full).reshape({B, H, N, C, C}));
   }

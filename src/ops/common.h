@@ -24,6 +24,15 @@ enum class GateKind { None, Fixed, Scalar, Vector };
 // The compute dtype of the chunked and recurrent forms: fp64 for fp64 inputs, fp32 for the rest.
 torch::ScalarType compute_dtype(const torch::Tensor& x);
 
+// The dtype the chunked forms keep q, k and v in: bf16 and fp16 inputs stay as they are (their products
+// run on tensor cores, as under autocast), anything else goes to the compute dtype. Gates, cumulative
+// sums and the state pass stay in the compute dtype whatever this is.
+torch::ScalarType operand_dtype(const torch::Tensor& x);
+
+// a.matmul(b) in the lower precision of the two: when either is bf16 or fp16 both go to it (so an
+// fp32 gate-scaled operand meets a bf16 one without a dtype error, with or without autocast).
+torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b);
+
 // Checks that q, k [B,T,H,K] and v [B,T,H,V] agree; `op` names the caller in the error.
 void check_qkv(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const char* op);
 
@@ -67,6 +76,12 @@ std::vector<torch::Tensor> diagonal_block_scores(const std::vector<torch::Tensor
 // the scores of beta*K and of Q against K).
 std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
                                         const torch::Tensor& G, bool strict);
+
+// X = (I + L)^{-1} R for L [..., C, C] strictly lower triangular (what lies on and above the diagonal
+// is ignored) and R [..., C, D]; differentiable in L and R. On CUDA (not fp64, C <= 64, fused kernels
+// on) the inverse comes from one kernel and is applied as a batched product (bf16 under autocast);
+// elsewhere linalg_solve_triangular.
+torch::Tensor solve_unit_lower(const torch::Tensor& L, const torch::Tensor& R);
 
 // The sequential part of the chunked forms of families A and B, over N chunks of C:
 //   S^(0) = S0;  X_n = U_n - W_n S^(n) (B; A: W undefined, X_n = U_n);  S^(n+1) = D_n ⊙ S^(n) + KdT_n X_n

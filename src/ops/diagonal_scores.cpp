@@ -52,8 +52,8 @@ struct DiagonalScoresFunction : public torch::autograd::Function<DiagonalScoresF
 std::vector<torch::Tensor> diagonal_block_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
                                                  const torch::Tensor& G, bool strict) {
 #ifdef LINEARIZE_WITH_CUDA
-  if (fused_kernels_enabled() && Y.is_cuda() && Y.scalar_type() == torch::kFloat && Y.size(-2) == 16) {
-    auto Yc = Y.contiguous(), Gc = G.contiguous();
+  if (fused_kernels_enabled() && Y.is_cuda() && G.scalar_type() == torch::kFloat && Y.size(-2) == 16) {
+    auto Yc = Y.to(torch::kFloat).contiguous(), Gc = G.contiguous();
     std::vector<torch::Tensor> out;
     for (const auto& X : Xs) out.push_back(DiagonalScoresFunction::apply(X.to(torch::kFloat).contiguous(), Yc, Gc, strict));
     return out;

@@ -19,14 +19,18 @@ StatePass state_pass_libtorch(const torch::Tensor& W, const torch::Tensor& U, co
   const int64_t N = U.size(2);
   const bool delta = W.defined();
   auto S = S0;
+  // The state path runs in S0's dtype (fp32 or fp64) whatever the operands came in.
+  const auto dt = S0.scalar_type();
+  auto in_dt = [&](const torch::Tensor& t) { return t.defined() ? t.to(dt) : t; };
+  const auto Wd = in_dt(W), Ud = in_dt(U), KdTd = in_dt(KdT);
   // Per-chunk views through unbind (its backward stacks the gradients; select's would build a full
   // zero tensor per chunk). Family A: the chunk contributions do not depend on the state, so they
   // are one batched product.
   using Tensors = std::vector<torch::Tensor>;
-  const auto Us = delta ? U.unbind(2) : Tensors(), KdTs = delta ? KdT.unbind(2) : Tensors();
-  const auto Ws = delta ? W.unbind(2) : Tensors();
+  const auto Us = delta ? Ud.unbind(2) : Tensors(), KdTs = delta ? KdTd.unbind(2) : Tensors();
+  const auto Ws = delta ? Wd.unbind(2) : Tensors();
   const auto Ds = D.defined() ? D.unbind(2) : Tensors();
-  const auto dS_all = delta ? Tensors() : KdT.matmul(U).unbind(2);  // N x [B,H,K,V]
+  const auto dS_all = delta ? Tensors() : KdTd.matmul(Ud).unbind(2);  // N x [B,H,K,V]
   std::vector<torch::Tensor> states, writes;
   states.reserve(N);
   if (delta) writes.reserve(N);
@@ -67,7 +71,14 @@ struct StatePassFunction : public torch::autograd::Function<StatePassFunction> {
     if (delta) {
       out = cuda_kernels::delta_pass_forward(W, U, KdT, present(D), present(S0));
     } else {
-      auto [states, final_state] = cuda_kernels::decay_scan_forward(KdT.matmul(U), present(D), present(S0));
+      // The state contributions in fp32 (TF32 for low-precision inputs), not in autocast's bf16.
+      torch::Tensor dS;
+      {
+        const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+        const compat::Tf32Guard tf32(low_precision);
+        dS = KdT.matmul(U);  // [B,H,N,K,V]
+      }
+      auto [states, final_state] = cuda_kernels::decay_scan_forward(dS, present(D), present(S0));
       out.states = states, out.final_state = final_state;
     }
     auto writes = delta ? out.writes : torch::empty({0}, U.options());

@@ -47,12 +47,12 @@ __global__ void diagonal_scores_forward_kernel(const float* __restrict__ X, cons
 __global__ void diagonal_scores_backward_kernel(const float* __restrict__ X, const float* __restrict__ Y,
                                                 const float* __restrict__ G, const float* __restrict__ dOut,
                                                 float* __restrict__ dX, float* __restrict__ dY,
-                                                float* __restrict__ dG, int K, bool strict) {
+                                                float* __restrict__ dG, int K, int d_blocks, bool strict) {
   __shared__ float dO[kSub * kSub];
-  const size_t m = blockIdx.y;
+  const size_t m = blockIdx.x / d_blocks;  // sub-chunk (one grid dimension: there can be more than 65535)
   for (int e = threadIdx.x; e < kSub * kSub; e += blockDim.x) dO[e] = dOut[m * kSub * kSub + e];
   __syncthreads();
-  const int d = blockIdx.x * blockDim.x + threadIdx.x;
+  const int d = static_cast<int>(blockIdx.x % d_blocks) * blockDim.x + threadIdx.x;
   if (d >= K) return;
   float x[kSub], y[kSub], g[kSub], dx[kSub], dy[kSub];
 #pragma unroll
@@ -107,10 +107,11 @@ DiagonalScoresGrads diagonal_scores_backward(const torch::Tensor& X, const torch
   DiagonalScoresGrads g{torch::empty_like(X), torch::empty_like(X), torch::empty_like(X)};
   if (M == 0) return g;
   auto dO = d_out.to(torch::kFloat).contiguous();
-  const dim3 grid(static_cast<unsigned>((K + kBackwardThreads - 1) / kBackwardThreads), static_cast<unsigned>(M));
-  diagonal_scores_backward_kernel<<<grid, kBackwardThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+  const int64_t d_blocks = (K + kBackwardThreads - 1) / kBackwardThreads;
+  diagonal_scores_backward_kernel<<<static_cast<unsigned>(M * d_blocks), kBackwardThreads, 0,
+                                    at::cuda::getCurrentCUDAStream()>>>(
       X.data_ptr<float>(), Y.data_ptr<float>(), G.data_ptr<float>(), dO.data_ptr<float>(), g.dX.data_ptr<float>(),
-      g.dY.data_ptr<float>(), g.dG.data_ptr<float>(), static_cast<int>(K), strict);
+      g.dY.data_ptr<float>(), g.dG.data_ptr<float>(), static_cast<int>(K), static_cast<int>(d_blocks), strict);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return g;
 }

@@ -62,4 +62,9 @@ struct DiagonalScoresGrads {
 DiagonalScoresGrads diagonal_scores_backward(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
                                              const torch::Tensor& d_out, bool strict);
 
+// (I + L)^{-1} for L [..., C, C] strictly lower triangular (entries on and above the diagonal are not
+// read), C <= kMaxInverseSize; fp32, no autograd (ops/triangular.cpp differentiates it).
+constexpr int64_t kMaxInverseSize = 64;
+torch::Tensor unit_lower_inverse(const torch::Tensor& L);
+
 }  // namespace linearize::ops::cuda_kernels

@@ -262,6 +262,7 @@ detail::StatePass delta_pass_forward(const torch::Tensor& W, const torch::Tensor
   out.states = torch::empty({B, H, N, K, V}, opts);
   out.writes = torch::empty({B, H, N, C, V}, opts);
   out.final_state = torch::empty({B, H, K, V}, opts);
+  TORCH_CHECK(B * H <= 65535, "delta rule state pass: at most 65535 (batch x head) pairs per call, got ", B * H);
   const dim3 grid(static_cast<unsigned>((V + kTile - 1) / kTile), static_cast<unsigned>(B * H));
   const size_t smem = delta_pass_smem(C, K);
   prepare(delta_pass_forward_kernel, smem);
@@ -285,6 +286,7 @@ StatePassGrads delta_pass_backward(const torch::Tensor& W, const torch::Tensor& 
   g.lambda = torch::empty({B, H, N, K, V}, opts);
   g.d_writes_total = torch::empty({B, H, N, C, V}, opts);
   g.d_initial = torch::empty({B, H, K, V}, opts);
+  TORCH_CHECK(B * H <= 65535, "delta rule state pass: at most 65535 (batch x head) pairs per call, got ", B * H);
   const dim3 grid(static_cast<unsigned>((V + kTile - 1) / kTile), static_cast<unsigned>(B * H));
   const size_t smem = delta_pass_smem(C, K);
   prepare(delta_pass_backward_kernel, smem);

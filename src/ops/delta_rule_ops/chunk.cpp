@@ -8,7 +8,8 @@
 //   V' = U - W S^(n)                  (row r = the recurrence's write vector u_t)
 //   O  = scale (Q ⊙ e^G) S^(n) + Aqk V'
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V'
-// The solve is linalg_solve_triangular (unit lower, fp32/fp64, differentiable).
+// The solve is detail::solve_unit_lower (linalg_solve_triangular, or on CUDA the chunk's inverse from a
+// kernel applied as one batched product).
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; g undefined / [H] / [B,T,H] / [B,T,H,K]; inside,
 // [B,H,N,C,D]. T is zero-padded to a multiple of C (q, k, v, g and beta zero: padded steps are
@@ -29,11 +30,11 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
     throw Error("delta_rule_chunk: expected beta [B,T,H] = [" + std::to_string(B) + ", " +
                 std::to_string(T) + ", " + std::to_string(H) + "]");
   const auto kind = detail::gate_kind(g, B, T, H, K, "delta_rule_chunk");
-  const auto dt = detail::compute_dtype(v);
+  const auto dt = detail::compute_dtype(v), op_dt = detail::operand_dtype(v);
   const int64_t C = chunk, Tp = detail::round_up(T, C), N = Tp / C;
 
   auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,D] -> [B,H,N,C,D]
-    return detail::pad_dim(detail::to_heads_first(x, dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
+    return detail::pad_dim(detail::to_heads_first(x, op_dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
   };
   auto Q = chunked(q), Kc = chunked(k), Vc = chunked(v);
   auto bt = detail::pad_dim(beta.to(dt).transpose(1, 2), 2, Tp, 0.0).reshape({B, H, N, C, 1});  // [B,H,N,C,1]
@@ -68,9 +69,7 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
   }
 
   // W and U from one unit-lower-triangular solve: (I + L) [W U] = [Kg, diag(beta) V].
-  auto eye = torch::eye(C, Q.options());
-  auto WU = torch::linalg_solve_triangular(L + eye, torch::cat({Kg, Vc * bt}, -1), /*upper=*/false,
-                                           /*left=*/true, /*unitriangular=*/true);  // [B,H,N,C,K+V]
+  auto WU = detail::solve_unit_lower(L, torch::cat({Kg, Vc * bt}, -1));  // [B,H,N,C,K+V]
   auto W = WU.narrow(-1, 0, K), U = WU.narrow(-1, K, V);
   auto KdT = Kd.transpose(-1, -2);  // [B,H,N,K,C]
 
@@ -79,7 +78,7 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
   auto Sn = pass.states;    // [B,H,N,K,V]: S^(n), the state entering chunk n
   auto Vnew = pass.writes;  // [B,H,N,C,V]: V' of every chunk
   auto S = pass.final_state;
-  auto O = Qg.matmul(Sn) + Aqk.matmul(Vnew);              // [B,H,N,C,V]
+  auto O = detail::product(Qg, Sn) + detail::product(Aqk, Vnew);  // [B,H,N,C,V]
   auto o = O.reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
   return {o, S};
 }

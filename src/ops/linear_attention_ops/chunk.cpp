@@ -21,11 +21,11 @@ OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::
   detail::check_qkv(q, k, v, "gla_chunk");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const auto kind = detail::gate_kind(g, B, T, H, K, "gla_chunk");
-  const auto dt = detail::compute_dtype(v);
+  const auto dt = detail::compute_dtype(v), op_dt = detail::operand_dtype(v);
   const int64_t C = chunk, Tp = detail::round_up(T, C), N = Tp / C;
 
   auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,D] -> [B,H,N,C,D]
-    return detail::pad_dim(detail::to_heads_first(x, dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
+    return detail::pad_dim(detail::to_heads_first(x, op_dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
   };
   auto Q = chunked(q), Kc = chunked(k), Vc = chunked(v);
 
@@ -53,7 +53,7 @@ OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::
   auto pass = detail::state_pass({}, Vc, Kd.transpose(-1, -2), D, S0);
   auto Sn = pass.states;  // [B,H,N,K,V]: S^(n), the state entering chunk n
   auto S = pass.final_state;
-  auto O = Qg.matmul(Sn) + A.matmul(Vc);                // [B,H,N,C,V]
+  auto O = detail::product(Qg, Sn) + detail::product(A, Vc);  // [B,H,N,C,V]
   auto o = O.reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
   return {o, S};
 }

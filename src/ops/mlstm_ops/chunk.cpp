@@ -33,13 +33,13 @@ MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const to
         gate->size(2) != H)
       throw Error("mlstm_chunk: expected igate and fgate [B,T,H] = [" + std::to_string(B) + ", " +
                   std::to_string(T) + ", " + std::to_string(H) + "]");
-  const auto dt = detail::compute_dtype(v);
+  const auto dt = detail::compute_dtype(v), op_dt = detail::operand_dtype(v);
   const auto opts = v.options().dtype(dt);
   const int64_t C = chunk, Tp = detail::round_up(T, C), N = Tp / C;
   const double inf = std::numeric_limits<double>::infinity();
 
   auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,D] -> [B,H,N,C,D]
-    return detail::pad_dim(detail::to_heads_first(x, dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
+    return detail::pad_dim(detail::to_heads_first(x, op_dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
   };
   auto Q = chunked(q) * scale, Kc = chunked(k), Vc = chunked(v);
   auto ig = detail::pad_dim(igate.to(dt).transpose(1, 2), 2, Tp, -inf).reshape({B, H, N, C});  // [B,H,N,C]
@@ -88,9 +88,9 @@ MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const to
   auto m_inter = b + mn.unsqueeze(-1);                   // [B,H,N,C]
   auto M = torch::maximum(m_inter, m_intra);             // [B,H,N,C]
   auto inter_w = (m_inter - M).exp();                    // [B,H,N,C]
-  auto P = Q.matmul(Kc.transpose(-1, -2)) * (logD - M.unsqueeze(-1)).exp();  // [B,H,N,C,C]
-  auto num = inter_w.unsqueeze(-1) * Q.matmul(Cn) + P.matmul(Vc);             // [B,H,N,C,V]
-  auto den = inter_w * Q.matmul(Nn.unsqueeze(-1)).squeeze(-1) + P.sum(-1);    // [B,H,N,C]
+  auto P = detail::product(Q, Kc.transpose(-1, -2)) * (logD - M.unsqueeze(-1)).exp();  // [B,H,N,C,C]
+  auto num = inter_w.unsqueeze(-1) * detail::product(Q, Cn) + detail::product(P, Vc);     // [B,H,N,C,V]
+  auto den = inter_w * Q.to(dt).matmul(Nn.unsqueeze(-1)).squeeze(-1) + P.sum(-1);        // [B,H,N,C]
   auto hc = num / (torch::maximum(den.abs(), (-M).exp()) + eps).unsqueeze(-1);  // [B,H,N,C,V]
   auto h = hc.reshape({B, H, Tp, V}).narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
   return {h, {c, n, m}};
