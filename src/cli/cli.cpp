@@ -1,3 +1,4 @@
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 
@@ -33,6 +34,14 @@ std::string error_prefix() {
   return std::string("error (rank ") + rank + "): ";
 }
 
+// The error line in one write: launched processes share a stderr pipe, and a line written in pieces
+// can interleave with another rank's ("error (rank 0): error (rank 1): ...").
+void print_error(const std::string& what) {
+  const std::string line = error_prefix() + what + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
 void print_usage(std::ostream& out) {
   out << "usage: linearize <command> [options]\n\n"
          "Linearize pretrained Llama-architecture language models: replace softmax attention with\n"
@@ -58,13 +67,13 @@ int run_cli(int argc, char** argv) {
     try {
       return c.run(args);
     } catch (const Error& e) {
-      std::cerr << error_prefix() << e.what() << "\n";
+      print_error(e.what());
       return 1;
     } catch (const c10::Error& e) {
-      std::cerr << error_prefix() << e.what_without_backtrace() << "\n";
+      print_error(e.what_without_backtrace());
       return 1;
     } catch (const std::exception& e) {
-      std::cerr << error_prefix() << e.what() << "\n";
+      print_error(e.what());
       return 1;
     }
   }
