@@ -196,28 +196,14 @@ __global__ void delta_pass_backward_kernel(const float* __restrict__ W, const fl
   store_slice(dS0, L, static_cast<size_t>(bh) * K, K, V, j0, tv);
 }
 
-// Entry i of the flattened [B*H, K*V] state owned by this thread of a scan kernel: its (batch, head)
-// bh, its offset kv inside the K*V state and its key row k.
-struct ScanEntry {
-  int64_t i, KV, bh, kv;
-  int k;
-};
-__device__ ScanEntry scan_entry(int K, int V) {
-  ScanEntry e;
-  e.i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  e.KV = static_cast<int64_t>(K) * V, e.bh = e.i / e.KV, e.kv = e.i % e.KV;
-  e.k = static_cast<int>(e.kv / V);
-  return e;
-}
-
 // Family A, forward: thread i owns entry i of the flattened [B*H, K*V] state and walks the chunks.
 __global__ void decay_scan_forward_kernel(const float* __restrict__ dS, const float* __restrict__ D,
                                           const float* __restrict__ S0, float* __restrict__ Sn,
                                           float* __restrict__ S_final, int N, int K, int V, int64_t total) {
-  const ScanEntry e = scan_entry(K, V);
-  if (e.i >= total) return;
-  const int64_t i = e.i, KV = e.KV, bh = e.bh, kv = e.kv;
-  const int k = e.k;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t KV = static_cast<int64_t>(K) * V, bh = i / KV, kv = i % KV;
+  const int k = static_cast<int>(kv / V);
   float s = S0 != nullptr ? S0[i] : 0.f;
   for (int n = 0; n < N; ++n) {
     const int64_t chunk = bh * N + n, at = chunk * KV + kv;
@@ -231,10 +217,10 @@ __global__ void decay_scan_forward_kernel(const float* __restrict__ dS, const fl
 __global__ void decay_scan_backward_kernel(const float* __restrict__ D, const float* __restrict__ dSn,
                                            const float* __restrict__ dS_final, float* __restrict__ Lambda,
                                            float* __restrict__ dS0, int N, int K, int V, int64_t total) {
-  const ScanEntry e = scan_entry(K, V);
-  if (e.i >= total) return;
-  const int64_t i = e.i, KV = e.KV, bh = e.bh, kv = e.kv;
-  const int k = e.k;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t KV = static_cast<int64_t>(K) * V, bh = i / KV, kv = i % KV;
+  const int k = static_cast<int>(kv / V);
   float l = dS_final != nullptr ? dS_final[i] : 0.f;
   for (int n = N - 1; n >= 0; --n) {
     const int64_t chunk = bh * N + n, at = chunk * KV + kv;
