@@ -45,17 +45,17 @@ torch::ScalarType compute_dtype(const torch::Tensor& x) {
   return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
 
+bool low_precision(torch::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; }
+
 torch::ScalarType operand_dtype(const torch::Tensor& x) {
-  const auto t = x.scalar_type();
-  return (t == torch::kBFloat16 || t == torch::kHalf) ? t : compute_dtype(x);
+  return low_precision(x.scalar_type()) ? x.scalar_type() : compute_dtype(x);
 }
 
 torch::Tensor product(const torch::Tensor& a, const torch::Tensor& b) {
-  auto low = [](torch::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; };
   const auto ta = a.scalar_type(), tb = b.scalar_type();
   if (ta == tb) return a.matmul(b);
-  if (low(ta)) return a.matmul(b.to(ta));
-  if (low(tb)) return a.to(tb).matmul(b);
+  if (low_precision(ta)) return a.matmul(b.to(ta));
+  if (low_precision(tb)) return a.to(tb).matmul(b);
   return a.matmul(b);  // fp32 with fp64: type promotion fails loudly, as it should
 }
 

@@ -24,6 +24,9 @@ enum class GateKind { None, Fixed, Scalar, Vector };
 // The compute dtype of the chunked and recurrent forms: fp64 for fp64 inputs, fp32 for the rest.
 torch::ScalarType compute_dtype(const torch::Tensor& x);
 
+// bf16 or fp16: the dtypes whose products run on tensor cores and whose state path is kept in fp32.
+bool low_precision(torch::ScalarType t);
+
 // The dtype the chunked forms keep q, k and v in: bf16 and fp16 inputs stay as they are (their products
 // run on tensor cores, as under autocast), anything else goes to the compute dtype. Gates, cumulative
 // sums and the state pass stay in the compute dtype whatever this is.

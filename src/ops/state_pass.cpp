@@ -124,9 +124,8 @@ StatePass state_pass(const torch::Tensor& W, const torch::Tensor& U, const torch
     const auto empty = torch::empty({0}, U.options().dtype(torch::kFloat));
     auto f32 = [&](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat) : empty; };
     auto Dk = D.defined() ? f32(D).squeeze(-1).expand({B, H, N, K}).contiguous() : empty;
-    const bool low_precision = U.scalar_type() == torch::kBFloat16 || U.scalar_type() == torch::kHalf ||
-                               compat::autocast_state(torch::kCUDA).enabled;
-    auto out = StatePassFunction::apply(f32(W), f32(U), f32(KdT), Dk, f32(S0), low_precision);
+    const bool low = low_precision(U.scalar_type()) || compat::autocast_state(torch::kCUDA).enabled;
+    auto out = StatePassFunction::apply(f32(W), f32(U), f32(KdT), Dk, f32(S0), low);
     return {out[0], W.defined() ? out[1] : torch::Tensor(), out[2]};
   }
 #endif

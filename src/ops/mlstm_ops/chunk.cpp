@@ -11,7 +11,8 @@
 //   C' = e^{b_last + m - m'} C + Σ_j e^{a_j - m'} k_j v_j^T   (n' likewise with v = 1)
 // The intra-chunk sums are batched over all chunks, taken relative to max_j a_j. The max state m
 // depends only on the gates, so it comes first (a loop over per-head scalars); then C and n are one
-// decayed scan over chunks (detail::state_pass, family A: one CUDA kernel each way on the GPU). Padding: igate = -inf, log f = 0 (fgate = +inf), zero q, k, v.
+// decayed scan over chunks (detail::state_pass, family A: one CUDA kernel each way on the GPU).
+// Padding: igate = -inf, log f = 0 (fgate = +inf), zero q, k, v.
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; igate, fgate [B,T,H]; inside [B,H,N,C,D]; state c [B,H,K,V],
 // n [B,H,K], m [B,H]. Autograd flows through (including max and abs in the normaliser).
