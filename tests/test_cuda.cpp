@@ -198,6 +198,70 @@ TEST(CudaOps, UnitLowerSolveMatchesTriangularSolve) {
   }
 }
 
+// The fused chunk kernels of family A without a per-channel gate (16-bit operands on tensor cores, fp32
+// state) against the libtorch chunked form in fp32 on the same rounded inputs: o, the final state and
+// the gradients of q, k, v, g and h0 (both outputs carry a loss, so the final state's gradient flows
+// in too). No decay, a fixed and a scalar decay; K = V = 64 and 128; T = 333 ends in a partial chunk.
+// The libtorch form fed the same 16-bit inputs is printed beside them for scale.
+TEST(CudaOps, FusedScalarDecayChunkMatchesFp32) {
+  REQUIRE_CUDA();
+  NoTf32 no_tf32;
+  const int64_t B = 2, T = 333, H = 3;
+  struct Case {
+    int64_t D;
+    int gate;
+    torch::ScalarType dt;
+  };
+  const std::vector<Case> cases = {{64, 0, torch::kBFloat16},  {64, 1, torch::kBFloat16}, {64, 2, torch::kBFloat16},
+                                   {128, 0, torch::kBFloat16}, {128, 2, torch::kBFloat16}, {64, 2, torch::kHalf}};
+  for (const auto& c : cases) {
+    const OpCase op{"gla", Family::Gla, c.gate};
+    SCOPED_TRACE("D=" + std::to_string(c.D) + " gate=" + std::to_string(c.gate));
+    torch::manual_seed(c.D + c.gate);
+    auto base = random_inputs(op, B, T, H, c.D, c.D);
+    for (auto* t : {&base.q, &base.k, &base.v}) *t = t->to(c.dt).to(torch::kFloat);  // representable inputs
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    auto dout = torch::randn({B, T, H, c.D}, torch::kCUDA), dstate = torch::randn({B, H, c.D, c.D}, torch::kCUDA);
+
+    // o, state and the gradients of q, k, v, g, h0 (g's only when it is data-dependent or fixed).
+    auto run = [&](torch::ScalarType dt, bool fused) {
+      auto in = to_device(base, torch::kCUDA, true);
+      for (auto* t : {&in.q, &in.k, &in.v}) *t = t->detach().to(dt).requires_grad_(true);
+      if (in.g.defined()) in.g = in.g.detach().requires_grad_(true);
+      ops::set_fused_kernels(fused);
+      auto r = ops::gla_chunk(in.q, in.k, in.v, in.g, in.h0, scale);
+      ops::set_fused_kernels(true);
+      ((r.o.to(torch::kFloat) * dout).sum() + (r.state * dstate).sum()).backward();
+      std::vector<torch::Tensor> out = {r.o, r.state, in.q.grad(), in.k.grad(), in.v.grad(), in.h0.grad()};
+      if (in.g.defined()) out.push_back(in.g.grad());
+      return out;
+    };
+    {
+      torch::NoGradGuard no_grad;
+      auto in = to_device(base, torch::kCUDA, false);
+      for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
+      const auto kind = ops::detail::gate_kind(in.g, B, T, H, c.D, "test");
+      ASSERT_TRUE(ops::detail::fused_scalar_decay_chunk(in.q, in.k, in.v, in.g, kind, in.h0, scale, 64).has_value())
+          << "the fused kernels should take this case";
+    }
+    auto ref = run(torch::kFloat, false), fused = run(c.dt, true), plain = run(c.dt, false);
+    const char* names[] = {"o", "state", "dq", "dk", "dv", "dh0", "dg"};
+    std::string line;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(fused[i].defined()) << names[i] << " missing on the fused path";
+      const double e = rel_err(fused[i], ref[i]), e_plain = rel_err(plain[i], ref[i]);
+      EXPECT_LE(e, 3e-2) << names[i];
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  %s %.1e (%.1e)", names[i], e, e_plain);
+      line += buf;
+    }
+    EXPECT_EQ(fused[0].scalar_type(), c.dt);
+    EXPECT_EQ(fused[1].scalar_type(), torch::kFloat);
+    std::printf("[cuda-fused-chunk] D=%ld gate=%d %s:%s\n", static_cast<long>(c.D), c.gate,
+                c.dt == torch::kHalf ? "fp16" : "bf16", line.c_str());
+  }
+}
+
 // ---- (b) the fused decode step ---------------------------------------------------------------------
 
 // One recurrent step (T = 1) with fused kernels on or off.

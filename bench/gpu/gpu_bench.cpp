@@ -15,6 +15,7 @@
 //           that). tokens/s and state bytes per sequence. SmolLM2-135M shape.
 //
 //   linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]
+//                       [--head-dim D] [--only linear_attention,retnet,...]
 //
 // --quick runs the smallest sizes only (a check that everything runs). On CPU the sizes are cut down.
 #include <torch/torch.h>
@@ -53,6 +54,8 @@ struct Settings {
   bool quick = false;
   std::vector<std::string> shapes = {"135m", "1.7b"};
   bool shapes_given = false;
+  int64_t head_dim = 0;            // ops: 0 = the default (128 on CUDA)
+  std::vector<std::string> only;   // ops: run only these kinds; train: only these mixers (empty: all)
 };
 
 void sync(const torch::Device& d) {
@@ -114,16 +117,22 @@ struct OpKind {
   std::string name;
   int family;  // 0 gla, 1 delta rule, 2 mlstm
   int gate;    // 0 none, 1 fixed, 2 scalar, 3 vector
+  bool fused = true;  // false: the libtorch chunked form (the fused kernels' own baseline)
 };
 
 void bench_ops(const Settings& s) {
   const bool gpu = s.device.is_cuda();
-  const int64_t B = gpu ? 8 : 1, H = gpu ? 32 : 4, D = gpu ? 128 : 64;
+  const int64_t B = gpu ? 8 : 1, H = gpu ? 32 : 4, D = s.head_dim > 0 ? s.head_dim : gpu ? 128 : 64;
   std::vector<int64_t> Ts = gpu ? std::vector<int64_t>{1024, 2048, 4096, 8192, 16384} : std::vector<int64_t>{512, 1024};
   if (s.quick) Ts.resize(1);
-  const std::vector<OpKind> kinds = {{"linear_attention", 0, 0}, {"retnet", 0, 1},         {"gla", 0, 3},
+  const std::vector<OpKind> all_kinds = {{"linear_attention", 0, 0}, {"retnet", 0, 1},         {"gla", 0, 3},
                                      {"deltanet", 1, 0},         {"gated_deltanet", 1, 2}, {"kda", 1, 3},
-                                     {"mlstm", 2, 0}};
+                                     {"mlstm", 2, 0},
+                                     {"linear_attention (libtorch chunks)", 0, 0, false},
+                                     {"retnet (libtorch chunks)", 0, 1, false}};
+  std::vector<OpKind> kinds;
+  for (const auto& kind : all_kinds)
+    if (s.only.empty() || std::find(s.only.begin(), s.only.end(), kind.name) != s.only.end()) kinds.push_back(kind);
   const auto dt = gpu ? torch::kBFloat16 : torch::kFloat;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   auto opts = torch::TensorOptions().device(s.device);
@@ -162,11 +171,13 @@ void bench_ops(const Settings& s) {
           // As the trainer calls them: forward under bf16 autocast on CUDA (products in bf16, gates and
           // state fp32); the backward follows the recorded dtypes.
           compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, gpu);
+          ops::set_fused_kernels(kind.fused);
           if (kind.family == 0) o = ops::gla_chunk(q, kn, v, g, {}, scale).o;
           else if (kind.family == 1) o = ops::delta_rule_chunk(q, kn, v, beta, g, {}, scale).o;
           else o = ops::mlstm_chunk(q, kn, v, ig, fg, {}, scale).h;
         }
         o.sum().backward();
+        ops::set_fused_kernels(true);
       });
       ms[kind.name].push_back(t);
       std::cerr << "  " << kind.name << " " << fmt(t * 1e3, "%.1f") << " ms (peak " << fmt(peak_gib(s.device), "%.1f")
@@ -228,6 +239,7 @@ void bench_train(const Settings& s) {
   std::vector<std::string> shapes = gpu ? s.shapes : std::vector<std::string>{"tiny"};
   std::vector<std::string> mixers = mixer_kinds();
   if (s.quick) mixers = {"gated_deltanet"};
+  if (!s.only.empty()) mixers = s.only;
   const int64_t T = gpu ? 512 : 64;
   for (const auto& shape_name : shapes) {
     const auto c = shape(shape_name);
@@ -413,7 +425,8 @@ void bench_decode(const Settings& s) {
 }
 
 int usage() {
-  std::cerr << "usage: linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]\n";
+  std::cerr << "usage: linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]\n"
+               "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops; train: which mixers)\n";
   return 2;
 }
 
@@ -437,6 +450,11 @@ int main(int argc, char** argv) {
       s.shapes_given = true;
       std::stringstream ss(argv[++i]);
       for (std::string item; std::getline(ss, item, ',');) s.shapes.push_back(item);
+    } else if (a == "--only" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string item; std::getline(ss, item, ',');) s.only.push_back(item);
+    } else if (a == "--head-dim" && i + 1 < argc) {
+      s.head_dim = std::stoll(argv[++i]);
     } else {
       return usage();
     }

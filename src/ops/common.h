@@ -97,6 +97,14 @@ struct StatePass {
 StatePass state_pass(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
                      const torch::Tensor& D, const torch::Tensor& S0);
 
+// The chunked form of family A with no decay, a fixed or a scalar decay through the fused CUDA kernels
+// (ops/cuda/chunk_scalar_decay.cu), when they apply: CUDA, fused kernels on, chunk 64, K = V = 64 or
+// 128, q, k, v in bf16 or fp16 (or fp32 under bf16/fp16 autocast). Otherwise nothing, and the caller runs
+// its libtorch form. Differentiable in q, k, v, g and h0; o in v's dtype, the state in fp32.
+std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
+                                                 const torch::Tensor& h0, double scale, int64_t chunk);
+
 // One decode step (T = 1) of family A (beta undefined) or B through the fused CUDA kernel, when it
 // applies: CUDA tensors, not fp64, fused kernels on. Otherwise nothing, and the caller runs its
 // libtorch form. Shapes as the recurrent ops: q, k [B,1,H,K], v [B,1,H,V], beta [B,1,H].

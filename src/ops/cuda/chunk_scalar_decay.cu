@@ -1,0 +1,597 @@
+// Family A with no decay or a scalar decay per step (linear attention, RetNet, scalar-gated GLA),
+// chunked and fused: one thread block per (batch, head) walks the chunks of 64 in order with the
+// state in shared memory, and every product of a chunk runs on tensor cores (WMMA 16x16x16, bf16 or
+// fp16 operands, fp32 accumulation). Nothing per chunk goes through HBM: the forward reads q, k, v
+// once and writes o and the final state; the backward recomputes the states on a forward walk (dq) and
+// carries dS on a reverse walk (dk, dv, dS0), the two walks as the two rows of one grid. Each walk
+// fetches the next chunk's rows into registers while it computes the current one.
+//
+// Per chunk, with G the chunk-local cumulative log decay (fp32) and Gl = G[C-1]:
+//   A   = scale (q k^T) ⊙ exp(G_i - G_j) for j <= i, 0 above          (causal, every exponent <= 0)
+//   o   = (scale e^G ⊙ q) S + A v
+//   S'  = e^Gl S + (e^{Gl - G} ⊙ k)^T v
+// backward, with dA = (do v^T) ⊙ scale exp(G_i - G_j) (masked) and dS' the gradient of S':
+//   dq  = (scale e^G ⊙ do) S^T + dA k
+//   dk  = dA^T q + (e^{Gl - G} ⊙ v) dS'^T
+//   dv  = A^T do + (e^{Gl - G} ⊙ k) dS'
+//   dS  = e^Gl dS' + (scale e^G ⊙ q)^T do
+// The state is kept in fp32 (its master copy) and read by the products through a 16-bit copy made
+// after each update. Rows past T are zeros. The gradient of the decay is left to the caller
+// (ops/linear_attention_ops/fused_chunk.cpp), which has it from q·dq - k·dk.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <type_traits>
+
+#include "ops/cuda/kernels.h"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kC = 64;  // rows per chunk
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowTiles = kC / 16;
+constexpr int kLowerTiles = kRowTiles * (kRowTiles + 1) / 2;  // 16x16 tiles on or below the diagonal
+
+// 16-bit element types: scalar and paired conversions to and from fp32.
+template <typename E>
+struct Elem;
+template <>
+struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ float2 unpack(uint32_t x) {
+    __nv_bfloat162 h;
+    memcpy(&h, &x, 4);
+    return __bfloat1622float2(h);
+  }
+  static __device__ __forceinline__ uint32_t pack(float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    uint32_t x;
+    memcpy(&x, &h, 4);
+    return x;
+  }
+};
+template <>
+struct Elem<__half> {
+  static __device__ __forceinline__ float2 unpack(uint32_t x) {
+    __half2 h;
+    memcpy(&h, &x, 4);
+    return __half22float2(h);
+  }
+  static __device__ __forceinline__ uint32_t pack(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    uint32_t x;
+    memcpy(&x, &h, 4);
+    return x;
+  }
+};
+
+// Eight 16-bit values (one 16-byte word) <-> eight floats.
+template <typename E>
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = Elem<E>::unpack(w[i]);
+    f[2 * i] = p.x, f[2 * i + 1] = p.y;
+  }
+}
+template <typename E>
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  return make_uint4(Elem<E>::pack(f[0], f[1]), Elem<E>::pack(f[2], f[3]), Elem<E>::pack(f[4], f[5]),
+                    Elem<E>::pack(f[6], f[7]));
+}
+__device__ __forceinline__ void load8(const float* src, float (&f)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+constexpr size_t round32(size_t x) { return (x + 31) / 32 * 32; }
+
+// Shared memory of one block (the same for the three kernels). 16-bit rows are padded by 8
+// elements and fp32 rows by 4, so tile pointers stay 32-byte aligned (as WMMA needs) and rows do not
+// start on the same bank.
+template <int K, int V>
+struct Layout {
+  static constexpr int ldk = K + 8, ldv = V + 8, ldc = kC + 8;    // 16-bit
+  static constexpr int ldv32 = V + 4, ldc32 = kC + 4;            // fp32
+  static constexpr int ldo32 = (K > V ? K : V) + 4;              // fp32 [C, K] or [C, V] staging
+  static constexpr size_t q = 0;
+  static constexpr size_t k = q + round32(size_t{kC} * ldk * 2);
+  static constexpr size_t v = k + round32(size_t{kC} * ldk * 2);
+  static constexpr size_t dout = v + round32(size_t{kC} * ldv * 2);
+  static constexpr size_t state = dout + round32(size_t{kC} * ldv * 2);   // fp32 [K, V]
+  static constexpr size_t state16 = state + round32(size_t{K} * ldv32 * 4);
+  static constexpr size_t scores = state16 + round32(size_t{K} * ldv * 2);  // two 16-bit [C, C]
+  static constexpr size_t stage = scores + 2 * round32(size_t{kC} * ldc * 2);
+  static constexpr size_t stage_bytes = 2 * kC * ldc32 * 4 > kC * ldo32 * 4 ? 2 * kC * ldc32 * 4 : kC * ldo32 * 4;
+  static constexpr size_t gates = stage + round32(stage_bytes);  // fp32 [3, C]: G, e^G, e^{Gl - G}
+  static constexpr size_t bytes = gates + 3 * kC * 4;
+};
+
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+template <typename E>
+__device__ __forceinline__ const E* tile(const E* m, int ld, int r16, int c16) {
+  return m + r16 * 16 * ld + c16 * 16;
+}
+
+// acc += Σ_{s = s0}^{s1-1} X(R, s) Y(s, Cc) over 16x16 tiles, X row-major [., ldx] (or its transpose when
+// TransX), Y row-major [., ldy] (or its transpose when TransY).
+template <bool TransX, bool TransY, typename E>
+__device__ __forceinline__ void product_tile(Acc& acc, const E* X, int ldx, const E* Y, int ldy, int R, int Cc,
+                                             int s0, int s1) {
+  using LX = std::conditional_t<TransX, wmma::col_major, wmma::row_major>;
+  using LY = std::conditional_t<TransY, wmma::col_major, wmma::row_major>;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, E, LX> a;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, E, LY> b;
+  for (int s = s0; s < s1; ++s) {
+    wmma::load_matrix_sync(a, TransX ? tile(X, ldx, s, R) : tile(X, ldx, R, s), ldx);
+    wmma::load_matrix_sync(b, TransY ? tile(Y, ldy, Cc, s) : tile(Y, ldy, s, Cc), ldy);
+    wmma::mma_sync(acc, a, b, acc);
+  }
+}
+
+__device__ __forceinline__ void lower_tile(int t, int& R, int& Cc) {
+  R = 0;
+  while (t > R) t -= ++R;
+  Cc = t;
+}
+
+// Rows t0 .. t0+C-1 of head (b, h) of x [B, T, H, D] (row stride H*D), fetched into registers as
+// 16-byte words (zeros past T or before 0) while the block works on the previous chunk, then put into
+// shared memory [C, ld].
+template <int D, typename E>
+struct RowPrefetch {
+  static constexpr int kWords = kC * D / 8 / kThreads;
+  static_assert(kWords * kThreads * 8 == kC * D, "every thread moves the same number of words");
+  uint4 w[kWords];
+
+  __device__ __forceinline__ void fetch(const E* __restrict__ x, size_t stride, int t0, int T) {
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) {
+      const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
+      w[j] = make_uint4(0, 0, 0, 0);
+      if (t0 >= 0 && t0 + r < T) w[j] = *reinterpret_cast<const uint4*>(x + (t0 + r) * stride + c);
+    }
+  }
+  __device__ __forceinline__ void put(E* dst, int ld) const {
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) {
+      const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
+      *reinterpret_cast<uint4*>(dst + r * ld + c) = w[j];
+    }
+  }
+};
+
+// fp32 staging [C, ld] -> rows t0 .. of head (b, h) of out [B, T, H, D]; rows past T are dropped.
+// With `dot` given, also dot[t0 + r] = x[r, :] · staging[r, :] (x 16-bit [C, ldx], the sum in fp32 over the
+// D / 8 consecutive threads that hold row r).
+template <int D, typename E>
+__device__ void store_rows(E* __restrict__ out, size_t stride, int t0, int T, const float* src, int ld,
+                           const E* x = nullptr, int ldx = 0, float* __restrict__ dot = nullptr) {
+  static_assert((kC * D / 8) % kThreads == 0, "every thread takes the same number of words");
+  for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    const bool live = t0 + r < T;
+    float f[8];
+    load8(src + r * ld + c, f);
+    if (live) *reinterpret_cast<uint4*>(out + (t0 + r) * stride + c) = pack8<E>(f);
+    if (dot != nullptr) {  // uniform over the block
+      float xv[8], part = 0.f;
+      unpack8<E>(*reinterpret_cast<const uint4*>(x + r * ldx + c), xv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) part += xv[j] * f[j];
+#pragma unroll
+      for (int off = D / 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+      if (live && c == 0) dot[t0 + r] = part;
+    }
+  }
+}
+
+// The log decay of steps t0 + 2 lane and t0 + 2 lane + 1 (lanes of warp 0; zeros past T, before 0 or
+// without a gate), fetched ahead like the rows.
+__device__ __forceinline__ float2 fetch_gates(const float* __restrict__ g, int t0, int T) {
+  const int t = t0 + 2 * static_cast<int>(threadIdx.x);
+  float2 ab = make_float2(0.f, 0.f);
+  if (g == nullptr || threadIdx.x >= 32 || t0 < 0) return ab;
+  if (t < T) ab.x = g[t];
+  if (t + 1 < T) ab.y = g[t + 1];
+  return ab;
+}
+
+// The chunk's gates, by warp 0: G = inclusive cumulative sum of the log decay within the chunk, then
+// the row factors e^G and e^{Gl - G} (all exponents <= 0).
+__device__ void chunk_gates(float* gates, float2 ab) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  float incl = ab.x + ab.y;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  const float last = __shfl_sync(0xffffffffu, incl, 31), g0 = incl - ab.y, g1 = incl;
+  float *G = gates, *eG = gates + kC, *eEnd = gates + 2 * kC;
+  G[2 * lane] = g0, G[2 * lane + 1] = g1;
+  eG[2 * lane] = expf(g0), eG[2 * lane + 1] = expf(g1);
+  eEnd[2 * lane] = expf(last - g0), eEnd[2 * lane + 1] = expf(last - g1);
+}
+
+// dst[i, j] = raw[i, j] * scale * exp(G_i - G_j) for j <= i, 0 above (raw is used on and below only).
+template <typename E>
+__device__ void decay_mask(E* dst, int ld, const float* raw, int ld32, const float* G, float scale) {
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
+    const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
+    float f[8] = {};
+    if (j0 <= i) load8(raw + i * ld32 + j0, f);
+    const float Gi = G[i];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = j0 + j <= i ? f[j] * scale * __expf(Gi - G[j0 + j]) : 0.f;
+    *reinterpret_cast<uint4*>(dst + i * ld + j0) = pack8<E>(f);
+  }
+}
+
+// x[r, :] *= factor * f[r] in place (f: a row factor of chunk_gates).
+template <int D, typename E>
+__device__ void scale_rows(E* x, int ld, const float* f, float factor) {
+  for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    uint4* p = reinterpret_cast<uint4*>(x + r * ld + c);
+    float v[8];
+    unpack8<E>(*p, v);
+    const float m = factor * f[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] *= m;
+    *p = pack8<E>(v);
+  }
+}
+
+// Lower score tile number t (of kLowerTiles) of X Y^T ([C, D] each, row-major) into raw [C, ld32].
+template <int D, typename E>
+__device__ void score_tile(float* raw, int ld32, const E* X, const E* Y, int ld, int t) {
+  int R, Cc;
+  lower_tile(t, R, Cc);
+  Acc acc;
+  wmma::fill_fragment(acc, 0.f);
+  product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
+  wmma::store_matrix_sync(raw + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+}
+
+// S = decay * S + X^T Y over the chunk (X [C, K], Y [C, V] row-major), S fp32 [K, ld32], by warp tiles.
+template <int K, int V, typename E>
+__device__ void update_state(float* S, int ld32, float decay, const E* X, int ldx, const E* Y, int ldy) {
+  const int warp = threadIdx.x / 32;
+  for (int t = warp; t < (K / 16) * (V / 16); t += kWarps) {
+    const int R = t / (V / 16), Cc = t % (V / 16);
+    Acc acc;
+    wmma::load_matrix_sync(acc, S + R * 16 * ld32 + Cc * 16, ld32, wmma::mem_row_major);
+#pragma unroll
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= decay;
+    product_tile<true, false>(acc, X, ldx, Y, ldy, R, Cc, 0, kC / 16);
+    wmma::store_matrix_sync(S + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+  }
+}
+
+template <int K, int V, typename E>
+__device__ void copy_state(E* dst, int ld, const float* S, int ld32) {
+  for (int i = threadIdx.x; i < K * V / 8; i += kThreads) {
+    const int r = i / (V / 8), c = (i % (V / 8)) * 8;
+    float f[8];
+    load8(S + r * ld32 + c, f);
+    *reinterpret_cast<uint4*>(dst + r * ld + c) = pack8<E>(f);
+  }
+}
+
+template <int K, int V>
+__device__ void load_state(float* S, int ld32, const float* __restrict__ src) {
+  for (int i = threadIdx.x; i < K * V / 4; i += kThreads) {
+    const int r = i / (V / 4), c = (i % (V / 4)) * 4;
+    const float4 x = src != nullptr ? reinterpret_cast<const float4*>(src)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<float4*>(S + r * ld32 + c) = x;
+  }
+}
+
+template <int K, int V>
+__device__ void store_state(float* __restrict__ dst, const float* S, int ld32) {
+  for (int i = threadIdx.x; i < K * V / 4; i += kThreads) {
+    const int r = i / (V / 4), c = (i % (V / 4)) * 4;
+    reinterpret_cast<float4*>(dst)[i] = *reinterpret_cast<const float4*>(S + r * ld32 + c);
+  }
+}
+
+struct Shape {
+  int B, T, H;
+  float scale;
+};
+
+template <int K, int V, typename E>
+__global__ void __launch_bounds__(kThreads)
+    chunk_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                         const float* __restrict__ g, const float* __restrict__ h0, E* __restrict__ o,
+                         float* __restrict__ final_state, Shape p) {
+  using L = Layout<K, V>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E *sq = reinterpret_cast<E*>(smem + L::q), *sk = reinterpret_cast<E*>(smem + L::k),
+    *sv = reinterpret_cast<E*>(smem + L::v), *S16 = reinterpret_cast<E*>(smem + L::state16),
+    *A16 = reinterpret_cast<E*>(smem + L::scores);
+  float *S = reinterpret_cast<float*>(smem + L::state), *stage = reinterpret_cast<float*>(smem + L::stage),
+        *G = reinterpret_cast<float*>(smem + L::gates), *eG = G + kC, *eEnd = G + 2 * kC;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, warp = threadIdx.x / 32;
+  const size_t sk_row = static_cast<size_t>(p.H) * K, sv_row = static_cast<size_t>(p.H) * V;
+  const size_t head_k = (static_cast<size_t>(b) * p.T * p.H + h) * K, head_v = (static_cast<size_t>(b) * p.T * p.H + h) * V;
+  const float* gh = g != nullptr ? g + static_cast<size_t>(bh) * p.T : nullptr;
+
+  load_state<K, V>(S, L::ldv32, h0 != nullptr ? h0 + static_cast<size_t>(bh) * K * V : nullptr);
+  __syncthreads();
+  copy_state<K, V>(S16, L::ldv, S, L::ldv32);
+  RowPrefetch<K, E> nq, nk;
+  RowPrefetch<V, E> nv;
+  nq.fetch(q + head_k, sk_row, 0, p.T), nk.fetch(k + head_k, sk_row, 0, p.T), nv.fetch(v + head_v, sv_row, 0, p.T);
+  float2 ng = fetch_gates(gh, 0, p.T);
+  for (int t0 = 0; t0 < p.T; t0 += kC) {
+    nq.put(sq, L::ldk), nk.put(sk, L::ldk), nv.put(sv, L::ldv);
+    chunk_gates(G, ng);
+    const int next = t0 + kC;  // in flight while this chunk is computed
+    if (next < p.T) {
+      nq.fetch(q + head_k, sk_row, next, p.T), nk.fetch(k + head_k, sk_row, next, p.T);
+      nv.fetch(v + head_v, sv_row, next, p.T), ng = fetch_gates(gh, next, p.T);
+    }
+    __syncthreads();
+    for (int t = warp; t < kLowerTiles; t += kWarps) score_tile<K>(stage, L::ldc32, sq, sk, L::ldk, t);
+    __syncthreads();
+    decay_mask(A16, L::ldc, stage, L::ldc32, G, p.scale);
+    scale_rows<K>(sq, L::ldk, eG, p.scale);
+    scale_rows<K>(sk, L::ldk, eEnd, 1.f);
+    __syncthreads();
+    // o = (scale e^G q) S + A v, into the staging area; then the state update (fp32 master only).
+    for (int t = warp; t < kRowTiles * (V / 16); t += kWarps) {
+      const int R = t / (V / 16), Cc = t % (V / 16);
+      Acc acc;
+      wmma::fill_fragment(acc, 0.f);
+      product_tile<false, false>(acc, sq, L::ldk, S16, L::ldv, R, Cc, 0, K / 16);
+      product_tile<false, false>(acc, A16, L::ldc, sv, L::ldv, R, Cc, 0, R + 1);
+      wmma::store_matrix_sync(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32, wmma::mem_row_major);
+    }
+    update_state<K, V>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
+    __syncthreads();
+    store_rows<V>(o + head_v, sv_row, t0, p.T, stage, L::ldo32);
+    copy_state<K, V>(S16, L::ldv, S, L::ldv32);
+  }
+  store_state<K, V>(final_state + static_cast<size_t>(bh) * K * V, S, L::ldv32);
+}
+
+// blockIdx.y == 0: forward walk for dq; blockIdx.y == 1: reverse walk for dk, dv and dS0. With a gate,
+// also the row sums q_t·dq_t and k_t·dk_t (fp32, before dq and dk are rounded) into dot_q, dot_k [B*H, T].
+template <int K, int V, typename E>
+__global__ void __launch_bounds__(kThreads)
+    chunk_backward_kernel(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                          const float* __restrict__ g, const float* __restrict__ h0, const E* __restrict__ dout,
+                          const float* __restrict__ d_final, E* __restrict__ dq, E* __restrict__ dk,
+                          E* __restrict__ dv, float* __restrict__ d_initial, float* __restrict__ dot_q,
+                          float* __restrict__ dot_k, Shape p) {
+  using L = Layout<K, V>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E *sq = reinterpret_cast<E*>(smem + L::q), *sk = reinterpret_cast<E*>(smem + L::k),
+    *sv = reinterpret_cast<E*>(smem + L::v), *sdo = reinterpret_cast<E*>(smem + L::dout),
+    *S16 = reinterpret_cast<E*>(smem + L::state16), *A16 = reinterpret_cast<E*>(smem + L::scores),
+    *dA16 = A16 + kC * L::ldc;
+  float *S = reinterpret_cast<float*>(smem + L::state), *stage = reinterpret_cast<float*>(smem + L::stage),
+        *G = reinterpret_cast<float*>(smem + L::gates), *eG = G + kC, *eEnd = G + 2 * kC;
+  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, warp = threadIdx.x / 32;
+  const size_t sk_row = static_cast<size_t>(p.H) * K, sv_row = static_cast<size_t>(p.H) * V;
+  const size_t head_k = (static_cast<size_t>(b) * p.T * p.H + h) * K, head_v = (static_cast<size_t>(b) * p.T * p.H + h) * V;
+  const float* gh = g != nullptr ? g + static_cast<size_t>(bh) * p.T : nullptr;
+  const size_t state_at = static_cast<size_t>(bh) * K * V, dots_at = static_cast<size_t>(bh) * p.T;
+  const int N = (p.T + kC - 1) / kC;
+
+  if (blockIdx.y == 0) {
+    // Forward walk: S^(n) again, dq = (scale e^G do) S^T + dA k.
+    float* dots = dot_q != nullptr ? dot_q + dots_at : nullptr;
+    load_state<K, V>(S, L::ldv32, h0 != nullptr ? h0 + state_at : nullptr);
+    __syncthreads();
+    copy_state<K, V>(S16, L::ldv, S, L::ldv32);
+    RowPrefetch<K, E> nq, nk;
+    RowPrefetch<V, E> nv, ndo;
+    auto fetch = [&](int t0) {
+      if (dots != nullptr) nq.fetch(q + head_k, sk_row, t0, p.T);
+      nk.fetch(k + head_k, sk_row, t0, p.T), nv.fetch(v + head_v, sv_row, t0, p.T);
+      ndo.fetch(dout + head_v, sv_row, t0, p.T);
+      return fetch_gates(gh, t0, p.T);
+    };
+    float2 ng = fetch(0);
+    for (int t0 = 0; t0 < p.T; t0 += kC) {
+      if (dots != nullptr) nq.put(sq, L::ldk);
+      nk.put(sk, L::ldk), nv.put(sv, L::ldv), ndo.put(sdo, L::ldv);
+      chunk_gates(G, ng);
+      if (t0 + kC < p.T) ng = fetch(t0 + kC);  // in flight while this chunk is computed
+      __syncthreads();
+      for (int t = warp; t < kLowerTiles; t += kWarps) score_tile<V>(stage, L::ldc32, sdo, sv, L::ldv, t);
+      __syncthreads();
+      decay_mask(dA16, L::ldc, stage, L::ldc32, G, p.scale);
+      scale_rows<V>(sdo, L::ldv, eG, p.scale);
+      __syncthreads();
+      for (int t = warp; t < kRowTiles * (K / 16); t += kWarps) {
+        const int R = t / (K / 16), Cc = t % (K / 16);
+        Acc acc;
+        wmma::fill_fragment(acc, 0.f);
+        product_tile<false, true>(acc, sdo, L::ldv, S16, L::ldv, R, Cc, 0, V / 16);
+        product_tile<false, false>(acc, dA16, L::ldc, sk, L::ldk, R, Cc, 0, R + 1);
+        wmma::store_matrix_sync(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32, wmma::mem_row_major);
+      }
+      __syncthreads();
+      store_rows<K>(dq + head_k, sk_row, t0, p.T, stage, L::ldo32, sq, L::ldk, dots);
+      scale_rows<K>(sk, L::ldk, eEnd, 1.f);
+      __syncthreads();
+      update_state<K, V>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
+      __syncthreads();
+      copy_state<K, V>(S16, L::ldv, S, L::ldv32);
+    }
+    return;
+  }
+
+  // Reverse walk: S holds dS' (the gradient of the state leaving the chunk).
+  float* dots = dot_k != nullptr ? dot_k + dots_at : nullptr;
+  load_state<K, V>(S, L::ldv32, d_final != nullptr ? d_final + state_at : nullptr);
+  __syncthreads();
+  copy_state<K, V>(S16, L::ldv, S, L::ldv32);
+  RowPrefetch<K, E> nq, nk;
+  RowPrefetch<V, E> nv, ndo;
+  auto fetch = [&](int t0) {
+    nq.fetch(q + head_k, sk_row, t0, p.T), nk.fetch(k + head_k, sk_row, t0, p.T);
+    nv.fetch(v + head_v, sv_row, t0, p.T), ndo.fetch(dout + head_v, sv_row, t0, p.T);
+    return fetch_gates(gh, t0, p.T);
+  };
+  float2 ng = fetch((N - 1) * kC);
+  for (int n = N - 1; n >= 0; --n) {
+    const int t0 = n * kC;
+    nq.put(sq, L::ldk), nk.put(sk, L::ldk), nv.put(sv, L::ldv), ndo.put(sdo, L::ldv);
+    chunk_gates(G, ng);
+    if (n > 0) ng = fetch(t0 - kC);  // in flight while this chunk is computed
+    __syncthreads();
+    // Raw q k^T and do v^T side by side in the staging area.
+    float* raw_dA = stage + kC * L::ldc32;
+    for (int t = warp; t < 2 * kLowerTiles; t += kWarps) {
+      if (t < kLowerTiles) score_tile<K>(stage, L::ldc32, sq, sk, L::ldk, t);
+      else score_tile<V>(raw_dA, L::ldc32, sdo, sv, L::ldv, t - kLowerTiles);
+    }
+    __syncthreads();
+    decay_mask(A16, L::ldc, stage, L::ldc32, G, p.scale);
+    decay_mask(dA16, L::ldc, raw_dA, L::ldc32, G, p.scale);
+    scale_rows<V>(sv, L::ldv, eEnd, 1.f);
+    __syncthreads();
+    // dk = dA^T q + (e^{Gl-G} v) dS'^T  (k itself is still unscaled for k·dk)
+    for (int t = warp; t < kRowTiles * (K / 16); t += kWarps) {
+      const int R = t / (K / 16), Cc = t % (K / 16);
+      Acc acc;
+      wmma::fill_fragment(acc, 0.f);
+      product_tile<true, false>(acc, dA16, L::ldc, sq, L::ldk, R, Cc, R, kRowTiles);
+      product_tile<false, true>(acc, sv, L::ldv, S16, L::ldv, R, Cc, 0, V / 16);
+      wmma::store_matrix_sync(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32, wmma::mem_row_major);
+    }
+    __syncthreads();
+    store_rows<K>(dk + head_k, sk_row, t0, p.T, stage, L::ldo32, sk, L::ldk, dots);
+    __syncthreads();
+    scale_rows<K>(sk, L::ldk, eEnd, 1.f);
+    __syncthreads();
+    // dv = A^T do + (e^{Gl-G} k) dS'
+    for (int t = warp; t < kRowTiles * (V / 16); t += kWarps) {
+      const int R = t / (V / 16), Cc = t % (V / 16);
+      Acc acc;
+      wmma::fill_fragment(acc, 0.f);
+      product_tile<true, false>(acc, A16, L::ldc, sdo, L::ldv, R, Cc, R, kRowTiles);
+      product_tile<false, false>(acc, sk, L::ldk, S16, L::ldv, R, Cc, 0, K / 16);
+      wmma::store_matrix_sync(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32, wmma::mem_row_major);
+    }
+    __syncthreads();
+    store_rows<V>(dv + head_v, sv_row, t0, p.T, stage, L::ldo32);
+    scale_rows<K>(sq, L::ldk, eG, p.scale);
+    __syncthreads();
+    // dS = e^Gl dS' + (scale e^G q)^T do
+    update_state<K, V>(S, L::ldv32, eG[kC - 1], sq, L::ldk, sdo, L::ldv);
+    __syncthreads();
+    copy_state<K, V>(S16, L::ldv, S, L::ldv32);
+  }
+  if (d_initial != nullptr) store_state<K, V>(d_initial + state_at, S, L::ldv32);
+}
+
+// Calls fn(head size tag, element tag) for the supported head sizes (K = V = 64 or 128) and dtypes.
+template <typename Fn>
+void dispatch(int64_t K, int64_t V, torch::ScalarType dt, Fn fn) {
+  TORCH_CHECK(scalar_decay_chunk_supported(K, V, dt), "fused scalar-decay chunk: expects K = V = 64 or 128 and bf16 ",
+              "or fp16 q, k, v; got K=", K, " V=", V, " ", dt);
+  auto by_size = [&](auto elem) {
+    if (K == 64) fn(std::integral_constant<int, 64>{}, elem);
+    else fn(std::integral_constant<int, 128>{}, elem);
+  };
+  if (dt == torch::kBFloat16) by_size(__nv_bfloat16{});
+  else by_size(__half{});
+}
+
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+template <typename E>
+E* ptr(const torch::Tensor& t) {
+  return reinterpret_cast<E*>(t.data_ptr());
+}
+const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
+}  // namespace
+
+bool scalar_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt) {
+  return ((K == 64 && V == 64) || (K == 128 && V == 128)) && (dt == torch::kBFloat16 || dt == torch::kHalf);
+}
+
+std::pair<torch::Tensor, torch::Tensor> scalar_decay_chunk_forward(const torch::Tensor& q, const torch::Tensor& k,
+                                                                   const torch::Tensor& v, const torch::Tensor& g,
+                                                                   const torch::Tensor& h0, double scale) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto o = torch::empty_like(v);
+  auto final_state = torch::empty({B, H, K, V}, v.options().dtype(torch::kFloat));
+  if (T == 0) {
+    final_state.copy_(h0.defined() ? h0 : torch::zeros_like(final_state));
+    return {o, final_state};
+  }
+  const Shape p{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<float>(scale)};
+  dispatch(K, V, q.scalar_type(), [&](auto size, auto elem) {
+    constexpr int D = decltype(size)::value;
+    using E = decltype(elem);
+    auto kernel = chunk_forward_kernel<D, D, E>;
+    constexpr size_t smem = Layout<D, D>::bytes;
+    allow_smem(kernel, smem);
+    kernel<<<static_cast<unsigned>(B * H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr_or_null(g), ptr_or_null(h0), ptr<E>(o), final_state.data_ptr<float>(), p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {o, final_state};
+}
+
+ScalarDecayChunkGrads scalar_decay_chunk_backward(const torch::Tensor& q, const torch::Tensor& k,
+                                                  const torch::Tensor& v, const torch::Tensor& g,
+                                                  const torch::Tensor& h0, const torch::Tensor& d_out,
+                                                  const torch::Tensor& d_final, double scale, bool want_d_initial,
+                                                  bool want_row_dots) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const c10::cuda::CUDAGuard guard(q.device());
+  ScalarDecayChunkGrads out;
+  out.dq = torch::empty_like(q);
+  out.dk = torch::empty_like(k);
+  out.dv = torch::empty_like(v);
+  if (want_d_initial) out.d_initial = torch::empty({B, H, K, V}, v.options().dtype(torch::kFloat));
+  if (want_row_dots) {
+    out.dot_q = torch::empty({B, H, T}, v.options().dtype(torch::kFloat));
+    out.dot_k = torch::empty({B, H, T}, v.options().dtype(torch::kFloat));
+  }
+  if (T == 0) {
+    if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
+    return out;
+  }
+  const Shape p{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<float>(scale)};
+  dispatch(K, V, q.scalar_type(), [&](auto size, auto elem) {
+    constexpr int D = decltype(size)::value;
+    using E = decltype(elem);
+    auto kernel = chunk_backward_kernel<D, D, E>;
+    constexpr size_t smem = Layout<D, D>::bytes;
+    allow_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(B * H), 2);
+    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr_or_null(g), ptr_or_null(h0), ptr<E>(d_out), ptr_or_null(d_final),
+        ptr<E>(out.dq), ptr<E>(out.dk), ptr<E>(out.dv), want_d_initial ? out.d_initial.data_ptr<float>() : nullptr,
+        want_row_dots ? out.dot_q.data_ptr<float>() : nullptr, want_row_dots ? out.dot_k.data_ptr<float>() : nullptr,
+        p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+}  // namespace linearize::ops::cuda_kernels

@@ -1,0 +1,96 @@
+// Family A with no decay, a fixed decay per head or a scalar decay per step, chunked through the fused
+// CUDA kernels of ops/cuda/chunk_scalar_decay.cu (see common.h, detail::fused_scalar_decay_chunk).
+//
+// The kernels give o, the final state, dq, dk, dv and dh0. The decay's gradient comes from those: with
+// b_t the cumulative log decay (b_t = Σ_{s<=t} g_s), every term of o_t and of the final state S_T
+// carries exp(b_t - b_j) with j the key's step (exp(b_t) for h0), so
+//   dL/db_t = q_t·dq_t - k_t·dk_t  (+ <dS_T, S_T> at t = T)
+// and dL/dg_s = Σ_{t >= s} dL/db_t: a reverse cumulative sum over time, in fp32.
+#include <cstdint>
+
+#include "compat/torch_compat.h"
+#include "ops/common.h"
+#include "ops/ops.h"
+
+#ifdef LINEARIZE_WITH_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace linearize::ops::detail {
+
+#ifdef LINEARIZE_WITH_CUDA
+namespace {
+
+using cuda_kernels::present;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The kernels read rows as 16-byte vectors: a contiguous view at an odd offset is copied first.
+torch::Tensor aligned(torch::Tensor t) {
+  t = t.contiguous();
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
+}
+
+// Inputs q, k, v (one 16-bit dtype, [B,T,H,D] contiguous), g [B,H,T] fp32 or empty, h0 fp32 or empty.
+struct ScalarDecayChunkFunction : public torch::autograd::Function<ScalarDecayChunkFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& v, const torch::Tensor& g, const torch::Tensor& h0,
+                               double scale) {
+    auto [o, final_state] = cuda_kernels::scalar_decay_chunk_forward(q, k, v, present(g), present(h0), scale);
+    ctx->save_for_backward({q, k, v, g, h0, final_state});
+    ctx->saved_data["scale"] = scale;
+    return {o, final_state};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &final_state = saved[5];
+    const auto g = present(saved[3]), h0 = present(saved[4]);
+    auto d_out = grads[0].defined() ? aligned(grads[0].to(q.scalar_type())) : torch::zeros_like(v);
+    auto d_final = grads[1].defined() ? aligned(grads[1].to(torch::kFloat)) : torch::Tensor();
+    const bool want_dg = g.defined() && ctx->needs_input_grad(3);
+    auto r = cuda_kernels::scalar_decay_chunk_backward(q, k, v, g, h0, d_out, d_final, ctx->saved_data["scale"].toDouble(),
+                                                       h0.defined(), want_dg);
+    torch::Tensor dg;
+    if (want_dg) {
+      auto db = r.dot_q - r.dot_k;                    // [B,H,T]
+      dg = db.flip(2).cumsum(2).flip(2);
+      if (d_final.defined()) dg = dg + (d_final * final_state).sum({2, 3}).unsqueeze(-1);
+    }
+    return {r.dq, r.dk, r.dv, dg, h0.defined() ? r.d_initial : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+#endif
+
+std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
+                                                 const torch::Tensor& h0, double scale, int64_t chunk) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (!fused_kernels_enabled() || !q.is_cuda() || chunk != 64 || kind == GateKind::Vector) return std::nullopt;
+  // The products run in q, k, v's 16-bit dtype, or in autocast's when fp32 inputs arrive under it
+  // (as the libtorch form would compute them).
+  auto dt = q.scalar_type();
+  if (!low_precision(dt)) {
+    const auto autocast = compat::autocast_state(torch::kCUDA);
+    if (dt != torch::kFloat || !autocast.enabled || !low_precision(autocast.dtype)) return std::nullopt;
+    dt = autocast.dtype;
+  }
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return std::nullopt;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  if (!cuda_kernels::scalar_decay_chunk_supported(K, V, dt)) return std::nullopt;
+
+  const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
+  auto operand = [&](const torch::Tensor& t) { return aligned(t.to(dt)); };
+  auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
+  auto S0 = h0.defined() ? aligned(h0.to(torch::kFloat)) : empty;
+  auto out = ScalarDecayChunkFunction::apply(operand(q), operand(k), operand(v), gh, S0, scale);
+  return OpResult{out[0].to(v.scalar_type()), out[1]};
+#else
+  (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
+  return std::nullopt;
+#endif
+}
+
+}  // namespace linearize::ops::detail
