@@ -149,8 +149,7 @@ __device__ __forceinline__ void lower_tile(int t, int& R, int& Cc) {
 // shared memory [C, ld].
 template <int D, typename E>
 struct RowPrefetch {
-  static constexpr int kWords = kC * D / 8 / kThreads;
-  static_assert(kWords * kThreads * 8 == kC * D, "every thread moves the same number of words");
+  static constexpr int kTotal = kC * D / 8, kWords = (kTotal + kThreads - 1) / kThreads;
   uint4 w[kWords];
 
   __device__ __forceinline__ void fetch(const E* __restrict__ x, size_t stride, int t0, int T) {
@@ -158,14 +157,14 @@ struct RowPrefetch {
     for (int j = 0; j < kWords; ++j) {
       const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
       w[j] = make_uint4(0, 0, 0, 0);
-      if (t0 >= 0 && t0 + r < T) w[j] = *reinterpret_cast<const uint4*>(x + (t0 + r) * stride + c);
+      if (i < kTotal && t0 >= 0 && t0 + r < T) w[j] = *reinterpret_cast<const uint4*>(x + (t0 + r) * stride + c);
     }
   }
   __device__ __forceinline__ void put(E* dst, int ld) const {
 #pragma unroll
     for (int j = 0; j < kWords; ++j) {
       const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
-      *reinterpret_cast<uint4*>(dst + r * ld + c) = w[j];
+      if (i < kTotal) *reinterpret_cast<uint4*>(dst + r * ld + c) = w[j];
     }
   }
 };
@@ -176,7 +175,7 @@ struct RowPrefetch {
 template <int D, typename E>
 __device__ void store_rows(E* __restrict__ out, size_t stride, int t0, int T, const float* src, int ld,
                            const E* x = nullptr, int ldx = 0, float* __restrict__ dot = nullptr) {
-  static_assert((kC * D / 8) % kThreads == 0, "every thread takes the same number of words");
+  static_assert((kC * D / 8) % 32 == 0, "whole warps take part in the row sums");
   for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
     const bool live = t0 + r < T;
@@ -501,14 +500,17 @@ __global__ void __launch_bounds__(kThreads)
   if (d_initial != nullptr) store_state<K, V>(d_initial + state_at, S, L::ldv32);
 }
 
-// Calls fn(head size tag, element tag) for the supported head sizes (K = V = 64 or 128) and dtypes.
+// Calls fn(key size tag, value size tag, element tag) for the supported sizes (K = V = 64 or 128) and
+// dtypes.
 template <typename Fn>
 void dispatch(int64_t K, int64_t V, torch::ScalarType dt, Fn fn) {
   TORCH_CHECK(scalar_decay_chunk_supported(K, V, dt), "fused scalar-decay chunk: expects K = V = 64 or 128 and bf16 ",
               "or fp16 q, k, v; got K=", K, " V=", V, " ", dt);
   auto by_size = [&](auto elem) {
-    if (K == 64) fn(std::integral_constant<int, 64>{}, elem);
-    else fn(std::integral_constant<int, 128>{}, elem);
+    using I64 = std::integral_constant<int, 64>;
+    using I128 = std::integral_constant<int, 128>;
+    if (K == 64) fn(I64{}, I64{}, elem);
+    else fn(I128{}, I128{}, elem);
   };
   if (dt == torch::kBFloat16) by_size(__nv_bfloat16{});
   else by_size(__half{});
@@ -528,7 +530,7 @@ const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_p
 }  // namespace
 
 bool scalar_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt) {
-  return ((K == 64 && V == 64) || (K == 128 && V == 128)) && (dt == torch::kBFloat16 || dt == torch::kHalf);
+  return (K == 64 || K == 128) && V == K && (dt == torch::kBFloat16 || dt == torch::kHalf);
 }
 
 std::pair<torch::Tensor, torch::Tensor> scalar_decay_chunk_forward(const torch::Tensor& q, const torch::Tensor& k,
@@ -543,11 +545,11 @@ std::pair<torch::Tensor, torch::Tensor> scalar_decay_chunk_forward(const torch::
     return {o, final_state};
   }
   const Shape p{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<float>(scale)};
-  dispatch(K, V, q.scalar_type(), [&](auto size, auto elem) {
-    constexpr int D = decltype(size)::value;
+  dispatch(K, V, q.scalar_type(), [&](auto key_size, auto value_size, auto elem) {
+    constexpr int KK = decltype(key_size)::value, VV = decltype(value_size)::value;
     using E = decltype(elem);
-    auto kernel = chunk_forward_kernel<D, D, E>;
-    constexpr size_t smem = Layout<D, D>::bytes;
+    auto kernel = chunk_forward_kernel<KK, VV, E>;
+    constexpr size_t smem = Layout<KK, VV>::bytes;
     allow_smem(kernel, smem);
     kernel<<<static_cast<unsigned>(B * H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr_or_null(g), ptr_or_null(h0), ptr<E>(o), final_state.data_ptr<float>(), p);
@@ -577,11 +579,11 @@ ScalarDecayChunkGrads scalar_decay_chunk_backward(const torch::Tensor& q, const 
     return out;
   }
   const Shape p{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<float>(scale)};
-  dispatch(K, V, q.scalar_type(), [&](auto size, auto elem) {
-    constexpr int D = decltype(size)::value;
+  dispatch(K, V, q.scalar_type(), [&](auto key_size, auto value_size, auto elem) {
+    constexpr int KK = decltype(key_size)::value, VV = decltype(value_size)::value;
     using E = decltype(elem);
-    auto kernel = chunk_backward_kernel<D, D, E>;
-    constexpr size_t smem = Layout<D, D>::bytes;
+    auto kernel = chunk_backward_kernel<KK, VV, E>;
+    constexpr size_t smem = Layout<KK, VV>::bytes;
     allow_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(B * H), 2);
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(

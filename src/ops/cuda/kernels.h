@@ -76,7 +76,8 @@ torch::Tensor unit_lower_inverse(const torch::Tensor& L);
 // chunk_scalar_decay.cu). q, k [B,T,H,K], v [B,T,H,V] contiguous, one 16-bit dtype; g [B,H,T] fp32 per-step
 // log decay (undefined: none); h0 [B,H,K,V] fp32 contiguous or undefined. Returns o [B,T,H,V] (v's
 // dtype) and the final state [B,H,K,V] fp32.
-bool scalar_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt);  // K = V = 64 or 128, bf16/fp16
+// Supported: K = V = 64 or 128, bf16 or fp16.
+bool scalar_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt);
 std::pair<torch::Tensor, torch::Tensor> scalar_decay_chunk_forward(const torch::Tensor& q, const torch::Tensor& k,
                                                                    const torch::Tensor& v, const torch::Tensor& g,
                                                                    const torch::Tensor& h0, double scale);

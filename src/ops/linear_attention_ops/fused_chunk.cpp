@@ -61,6 +61,23 @@ struct ScalarDecayChunkFunction : public torch::autograd::Function<ScalarDecayCh
   }
 };
 
+// The 16-bit dtype the kernels run q, k, v in, or nothing when they do not apply: the products run in
+// q, k, v's own 16-bit dtype, or in autocast's when fp32 inputs arrive under it (as the libtorch form
+// would compute them).
+std::optional<torch::ScalarType> kernel_dtype(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                              int64_t chunk) {
+  if (!fused_kernels_enabled() || !q.is_cuda() || chunk != 64) return std::nullopt;
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return std::nullopt;
+  auto dt = q.scalar_type();
+  if (!low_precision(dt)) {
+    const auto autocast = compat::autocast_state(torch::kCUDA);
+    if (dt != torch::kFloat || !autocast.enabled || !low_precision(autocast.dtype)) return std::nullopt;
+    dt = autocast.dtype;
+  }
+  if (!cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), dt)) return std::nullopt;
+  return dt;
+}
+
 }  // namespace
 #endif
 
@@ -68,23 +85,14 @@ std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const t
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
 #ifdef LINEARIZE_WITH_CUDA
-  if (!fused_kernels_enabled() || !q.is_cuda() || chunk != 64 || kind == GateKind::Vector) return std::nullopt;
-  // The products run in q, k, v's 16-bit dtype, or in autocast's when fp32 inputs arrive under it
-  // (as the libtorch form would compute them).
-  auto dt = q.scalar_type();
-  if (!low_precision(dt)) {
-    const auto autocast = compat::autocast_state(torch::kCUDA);
-    if (dt != torch::kFloat || !autocast.enabled || !low_precision(autocast.dtype)) return std::nullopt;
-    dt = autocast.dtype;
-  }
-  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return std::nullopt;
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
-  if (!cuda_kernels::scalar_decay_chunk_supported(K, V, dt)) return std::nullopt;
-
+  if (kind == GateKind::Vector) return std::nullopt;
+  const auto dt = kernel_dtype(q, k, v, chunk);
+  if (!dt) return std::nullopt;
+  const int64_t B = q.size(0), T = q.size(1);
   const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
-  auto operand = [&](const torch::Tensor& t) { return aligned(t.to(dt)); };
   auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
   auto S0 = h0.defined() ? aligned(h0.to(torch::kFloat)) : empty;
+  auto operand = [&](const torch::Tensor& t) { return aligned(t.to(*dt)); };
   auto out = ScalarDecayChunkFunction::apply(operand(q), operand(k), operand(v), gh, S0, scale);
   return OpResult{out[0].to(v.scalar_type()), out[1]};
 #else

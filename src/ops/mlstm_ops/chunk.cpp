@@ -17,12 +17,50 @@
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; igate, fgate [B,T,H]; inside [B,H,N,C,D]; state c [B,H,K,V],
 // n [B,H,K], m [B,H]. Autograd flows through (including max and abs in the normaliser).
 #include <limits>
+#include <vector>
 
 #include "io/error.h"
 #include "ops/common.h"
 #include "ops/ops.h"
 
 namespace linearize::ops {
+
+namespace {
+
+// The gate quantities of the chunked form, in the compute dtype, over N chunks of C (padded):
+struct ChunkGates {
+  torch::Tensor ig, lf;      // input gate pre-activation, log forget gate [B,H,N,C]
+  torch::Tensor b, b_last;   // chunk-local cumulative log f [B,H,N,C], its last entry [B,H,N]
+  torch::Tensor logD;        // b_r - b_j + i_j for j <= r, -inf above [B,H,N,C,C]
+  torch::Tensor m_intra;     // max_j logD[r, j] [B,H,N,C]
+  torch::Tensor a_max;       // max_j (b_last - b_j + i_j) [B,H,N]
+  torch::Tensor m_all;       // max state entering each chunk, then the final one [B,H,N+1]
+};
+
+ChunkGates chunk_gates(const torch::Tensor& igate, const torch::Tensor& fgate, const torch::Tensor& m0, int64_t B,
+                       int64_t H, int64_t C, int64_t Tp, torch::ScalarType dt) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const int64_t N = Tp / C;
+  ChunkGates g;
+  g.ig = detail::pad_dim(igate.to(dt).transpose(1, 2), 2, Tp, -inf).reshape({B, H, N, C});
+  g.lf = detail::pad_dim(torch::log_sigmoid(fgate.to(dt)).transpose(1, 2), 2, Tp, 0.0).reshape({B, H, N, C});
+  g.b = g.lf.cumsum(-1);
+  g.b_last = g.b.select(-1, C - 1);
+  auto mask = detail::causal_mask(C, /*strict=*/false, igate.device());
+  g.logD = (g.b.unsqueeze(-1) - g.b.unsqueeze(-2) + g.ig.unsqueeze(-2)).masked_fill(~mask, -inf);
+  g.m_intra = std::get<0>(g.logD.max(-1));
+  g.a_max = std::get<0>((g.b_last.unsqueeze(-1) - g.b + g.ig).max(-1));
+  // The max state depends on the gates only (a loop over [B,H] scalars per chunk).
+  std::vector<torch::Tensor> ms;
+  ms.reserve(N + 1);
+  ms.push_back(m0);
+  const auto bls = g.b_last.unbind(2), ams = g.a_max.unbind(2);  // N x [B,H]
+  for (int64_t j = 0; j < N; ++j) ms.push_back(torch::maximum(bls[j] + ms.back(), ams[j]));
+  g.m_all = torch::stack(ms, 2);
+  return g;
+}
+
+}  // namespace
 
 MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
@@ -37,40 +75,23 @@ MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const to
   const auto dt = detail::compute_dtype(v), op_dt = detail::operand_dtype(v);
   const auto opts = v.options().dtype(dt);
   const int64_t C = chunk, Tp = detail::round_up(T, C), N = Tp / C;
-  const double inf = std::numeric_limits<double>::infinity();
+
+  auto c = init.defined() ? init.c.to(dt) : torch::zeros({B, H, K, V}, opts);  // [B,H,K,V]
+  auto n = init.defined() ? init.n.to(dt) : torch::zeros({B, H, K}, opts);     // [B,H,K]
+  auto m = init.defined() ? init.m.to(dt) : torch::zeros({B, H}, opts);        // [B,H]
+  const auto gates = chunk_gates(igate, fgate, m, B, H, C, Tp, dt);
 
   auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,D] -> [B,H,N,C,D]
     return detail::pad_dim(detail::to_heads_first(x, op_dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
   };
   auto Q = chunked(q) * scale, Kc = chunked(k), Vc = chunked(v);
-  auto ig = detail::pad_dim(igate.to(dt).transpose(1, 2), 2, Tp, -inf).reshape({B, H, N, C});  // [B,H,N,C]
-  auto lf = detail::pad_dim(torch::log_sigmoid(fgate.to(dt)).transpose(1, 2), 2, Tp, 0.0)
-                .reshape({B, H, N, C});  // [B,H,N,C]
-  auto b = lf.cumsum(-1);                // [B,H,N,C]
-  auto b_last = b.select(-1, C - 1);     // [B,H,N]
-
-  // Intra-chunk log weights and their row maxima.
-  auto mask = detail::causal_mask(C, /*strict=*/false, Q.device());
-  auto logD = (b.unsqueeze(-1) - b.unsqueeze(-2) + ig.unsqueeze(-2)).masked_fill(~mask, -inf);  // [B,H,N,C,C]
-  auto m_intra = std::get<0>(logD.max(-1));  // [B,H,N,C]
+  const auto &b = gates.b, &b_last = gates.b_last, &logD = gates.logD, &a_max = gates.a_max;
 
   // Per-chunk state contributions relative to their own maximum a_max.
-  auto a = b_last.unsqueeze(-1) - b + ig;                    // [B,H,N,C]
-  auto a_max = std::get<0>(a.max(-1));                       // [B,H,N]
+  auto a = b_last.unsqueeze(-1) - b + gates.ig;                  // [B,H,N,C]
   auto Kw = Kc * (a - a_max.unsqueeze(-1)).exp().unsqueeze(-1);  // [B,H,N,C,K]
 
-  auto c = init.defined() ? init.c.to(dt) : torch::zeros({B, H, K, V}, opts);  // [B,H,K,V]
-  auto n = init.defined() ? init.n.to(dt) : torch::zeros({B, H, K}, opts);     // [B,H,K]
-  auto m = init.defined() ? init.m.to(dt) : torch::zeros({B, H}, opts);        // [B,H]
-
-  // The max state first: it depends on the gates only (a loop over [B,H] scalars per chunk).
-  std::vector<torch::Tensor> ms;  // m entering chunk j
-  ms.reserve(N + 1);
-  ms.push_back(m);
-  const auto bls = b_last.unbind(2), ams = a_max.unbind(2);  // N x [B,H]
-  for (int64_t j = 0; j < N; ++j) ms.push_back(torch::maximum(bls[j] + ms.back(), ams[j]));
-  auto m_all = torch::stack(ms, 2);                       // [B,H,N+1]
-  auto mn = m_all.narrow(2, 0, N), m_next = m_all.narrow(2, 1, N);  // [B,H,N]
+  auto mn = gates.m_all.narrow(2, 0, N), m_next = gates.m_all.narrow(2, 1, N);  // [B,H,N]
   auto decay = (b_last + mn - m_next).exp();              // [B,H,N]
   auto w = (a_max - m_next).exp();                        // [B,H,N]
 
@@ -84,10 +105,10 @@ MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const to
   auto Nn = pass.states.select(-1, V);                    // [B,H,N,K]
   c = pass.final_state.narrow(-1, 0, V);
   n = pass.final_state.select(-1, V);
-  m = ms.back();
+  m = gates.m_all.select(2, N);
 
   auto m_inter = b + mn.unsqueeze(-1);                   // [B,H,N,C]
-  auto M = torch::maximum(m_inter, m_intra);             // [B,H,N,C]
+  auto M = torch::maximum(m_inter, gates.m_intra);       // [B,H,N,C]
   auto inter_w = (m_inter - M).exp();                    // [B,H,N,C]
   auto P = detail::product(Q, Kc.transpose(-1, -2)) * (logD - M.unsqueeze(-1)).exp();  // [B,H,N,C,C]
   auto num = inter_w.unsqueeze(-1) * detail::product(Q, Cn) + detail::product(P, Vc);     // [B,H,N,C,V]
