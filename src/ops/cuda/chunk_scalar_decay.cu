@@ -40,32 +40,26 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kRowTiles = kC / 16;
 constexpr int kLowerTiles = kRowTiles * (kRowTiles + 1) / 2;  // 16x16 tiles on or below the diagonal
 
-// 16-bit element types: scalar and paired conversions to and from fp32.
+// 16-bit element types: two values in a 32-bit word <-> two floats.
+__device__ __forceinline__ float2 widen(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 widen(__half2 h) { return __half22float2(h); }
+template <typename P>
+__device__ P narrow(float a, float b);
+template <>
+__device__ __forceinline__ __nv_bfloat162 narrow(float a, float b) { return __floats2bfloat162_rn(a, b); }
+template <>
+__device__ __forceinline__ __half2 narrow(float a, float b) { return __floats2half2_rn(a, b); }
+
 template <typename E>
-struct Elem;
-template <>
-struct Elem<__nv_bfloat16> {
+struct Elem {
+  using Pair = std::conditional_t<std::is_same_v<E, __half>, __half2, __nv_bfloat162>;
   static __device__ __forceinline__ float2 unpack(uint32_t x) {
-    __nv_bfloat162 h;
+    Pair h;
     memcpy(&h, &x, 4);
-    return __bfloat1622float2(h);
+    return widen(h);
   }
   static __device__ __forceinline__ uint32_t pack(float a, float b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    uint32_t x;
-    memcpy(&x, &h, 4);
-    return x;
-  }
-};
-template <>
-struct Elem<__half> {
-  static __device__ __forceinline__ float2 unpack(uint32_t x) {
-    __half2 h;
-    memcpy(&h, &x, 4);
-    return __half22float2(h);
-  }
-  static __device__ __forceinline__ uint32_t pack(float a, float b) {
-    const __half2 h = __floats2half2_rn(a, b);
+    const Pair h = narrow<Pair>(a, b);
     uint32_t x;
     memcpy(&x, &h, 4);
     return x;
