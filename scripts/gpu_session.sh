@@ -6,7 +6,8 @@
 #   bench-ops | bench-train | bench-decode | bench-quick   build-gpu/linearize_gpu_bench
 #   launch       bench/gpu/launch_overhead.sh (issue 8: launch with one GPU vs a plain run)
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
-# TRAIN_ARGS: extra arguments of the train bench, e.g. "--shapes 1.7b")
+# OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64",
+# TRAIN_ARGS="--shapes 1.7b --only linear_attention,retnet")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -29,7 +30,7 @@ for step in "$@"; do
     tests) (cd build-gpu && ctest -L cuda --output-on-failure -V) > "$OUT/tests.log" 2>&1
            build-gpu/linearize_tests --gtest_filter='OpsGolden.*:MixerGolden.*:LlamaGolden.*:Cuda*' >> "$OUT/tests.log" 2>&1
            grep -E "^\[(cuda|golden)|tests passed|FAILED|PASSED|Failure|Expected|Which is" "$OUT/tests.log" | head -80 ;;
-    bench-ops) timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops > "$OUT/bench-ops.md" 2> "$OUT/bench-ops.log"; cat "$OUT/bench-ops.md" ;;
+    bench-ops) timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$OUT/bench-ops.md" 2> "$OUT/bench-ops.log"; cat "$OUT/bench-ops.md" ;;
     bench-train) timeout ${TRAIN_LIMIT:-600} build-gpu/linearize_gpu_bench train ${TRAIN_ARGS:-} > "$OUT/bench-train.md" 2> "$OUT/bench-train.log"; cat "$OUT/bench-train.md" ;;
     bench-decode) timeout ${DECODE_LIMIT:-600} build-gpu/linearize_gpu_bench decode > "$OUT/bench-decode.md" 2> "$OUT/bench-decode.log"; cat "$OUT/bench-decode.md" ;;
     bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
