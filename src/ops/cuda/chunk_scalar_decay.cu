@@ -257,6 +257,19 @@ __device__ void score_tile(float* raw, int ld32, const E* X, const E* Y, int ld,
   wmma::store_matrix_sync(raw + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
 }
 
+// Every 16x16 tile of a [C, D] fp32 result in the staging area (row stride ld32), spread over the
+// warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed fragment.
+template <int D, typename Body>
+__device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body body) {
+  for (int t = threadIdx.x / 32; t < kRowTiles * (D / 16); t += kWarps) {
+    const int R = t / (D / 16), Cc = t % (D / 16);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    body(acc, R, Cc);
+    wmma::store_matrix_sync(stage + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+  }
+}
+
 // S = decay * S + X^T Y over the chunk (X [C, K], Y [C, V] row-major), S fp32 [K, ld32], by warp tiles.
 template <int K, int V, typename E>
 __device__ void update_state(float* S, int ld32, float decay, const E* X, int ldx, const E* Y, int ldy) {
@@ -304,6 +317,33 @@ struct Shape {
   float scale;
 };
 
+// What one block (batch b, head h) works on: its views of shared memory (Layout) and where its rows,
+// gates and state lie in global memory.
+template <int K, int V, typename E>
+struct BlockView {
+  using L = Layout<K, V>;
+  E *q, *k, *v, *dout, *S16, *A16, *dA16;  // shared 16-bit tiles (dA16: the second score buffer)
+  float *S, *stage, *G, *eG, *eEnd;       // shared fp32: state, staging, gates and row factors
+  size_t k_row, v_row;                    // row strides of [B,T,H,K] and [B,T,H,V]
+  size_t head_k, head_v;                  // offsets of row 0 of this head
+  size_t state_at, steps_at;              // offsets in [B*H, K, V] and [B*H, T]
+  int bh, warp;
+
+  __device__ BlockView(unsigned char* smem, const Shape& p) {
+    q = reinterpret_cast<E*>(smem + L::q), k = reinterpret_cast<E*>(smem + L::k);
+    v = reinterpret_cast<E*>(smem + L::v), dout = reinterpret_cast<E*>(smem + L::dout);
+    S16 = reinterpret_cast<E*>(smem + L::state16), A16 = reinterpret_cast<E*>(smem + L::scores);
+    dA16 = A16 + kC * L::ldc;
+    S = reinterpret_cast<float*>(smem + L::state), stage = reinterpret_cast<float*>(smem + L::stage);
+    G = reinterpret_cast<float*>(smem + L::gates), eG = G + kC, eEnd = G + 2 * kC;
+    bh = blockIdx.x, warp = threadIdx.x / 32;
+    const int b = bh / p.H, h = bh % p.H;
+    k_row = static_cast<size_t>(p.H) * K, v_row = static_cast<size_t>(p.H) * V;
+    head_k = (static_cast<size_t>(b) * p.T * p.H + h) * K, head_v = (static_cast<size_t>(b) * p.T * p.H + h) * V;
+    state_at = static_cast<size_t>(bh) * K * V, steps_at = static_cast<size_t>(bh) * p.T;
+  }
+};
+
 template <int K, int V, typename E>
 __global__ void __launch_bounds__(kThreads)
     chunk_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
@@ -311,17 +351,14 @@ __global__ void __launch_bounds__(kThreads)
                          float* __restrict__ final_state, Shape p) {
   using L = Layout<K, V>;
   extern __shared__ __align__(128) unsigned char smem[];
-  E *sq = reinterpret_cast<E*>(smem + L::q), *sk = reinterpret_cast<E*>(smem + L::k),
-    *sv = reinterpret_cast<E*>(smem + L::v), *S16 = reinterpret_cast<E*>(smem + L::state16),
-    *A16 = reinterpret_cast<E*>(smem + L::scores);
-  float *S = reinterpret_cast<float*>(smem + L::state), *stage = reinterpret_cast<float*>(smem + L::stage),
-        *G = reinterpret_cast<float*>(smem + L::gates), *eG = G + kC, *eEnd = G + 2 * kC;
-  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, warp = threadIdx.x / 32;
-  const size_t sk_row = static_cast<size_t>(p.H) * K, sv_row = static_cast<size_t>(p.H) * V;
-  const size_t head_k = (static_cast<size_t>(b) * p.T * p.H + h) * K, head_v = (static_cast<size_t>(b) * p.T * p.H + h) * V;
-  const float* gh = g != nullptr ? g + static_cast<size_t>(bh) * p.T : nullptr;
+  const BlockView<K, V, E> blk(smem, p);
+  E *sq = blk.q, *sk = blk.k, *sv = blk.v, *S16 = blk.S16, *A16 = blk.A16;
+  float *S = blk.S, *stage = blk.stage, *G = blk.G, *eG = blk.eG, *eEnd = blk.eEnd;
+  const int warp = blk.warp;
+  const size_t sk_row = blk.k_row, sv_row = blk.v_row, head_k = blk.head_k, head_v = blk.head_v;
+  const float* gh = g != nullptr ? g + blk.steps_at : nullptr;
 
-  load_state<K, V>(S, L::ldv32, h0 != nullptr ? h0 + static_cast<size_t>(bh) * K * V : nullptr);
+  load_state<K, V>(S, L::ldv32, h0 != nullptr ? h0 + blk.state_at : nullptr);
   __syncthreads();
   copy_state<K, V>(S16, L::ldv, S, L::ldv32);
   RowPrefetch<K, E> nq, nk;
@@ -344,20 +381,16 @@ __global__ void __launch_bounds__(kThreads)
     scale_rows<K>(sk, L::ldk, eEnd, 1.f);
     __syncthreads();
     // o = (scale e^G q) S + A v, into the staging area; then the state update (fp32 master only).
-    for (int t = warp; t < kRowTiles * (V / 16); t += kWarps) {
-      const int R = t / (V / 16), Cc = t % (V / 16);
-      Acc acc;
-      wmma::fill_fragment(acc, 0.f);
+    tiles_into_stage<V>(stage, L::ldo32, [&](Acc& acc, int R, int Cc) {
       product_tile<false, false>(acc, sq, L::ldk, S16, L::ldv, R, Cc, 0, K / 16);
       product_tile<false, false>(acc, A16, L::ldc, sv, L::ldv, R, Cc, 0, R + 1);
-      wmma::store_matrix_sync(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32, wmma::mem_row_major);
-    }
+    });
     update_state<K, V>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
     __syncthreads();
     store_rows<V>(o + head_v, sv_row, t0, p.T, stage, L::ldo32);
     copy_state<K, V>(S16, L::ldv, S, L::ldv32);
   }
-  store_state<K, V>(final_state + static_cast<size_t>(bh) * K * V, S, L::ldv32);
+  store_state<K, V>(final_state + blk.state_at, S, L::ldv32);
 }
 
 // blockIdx.y == 0: forward walk for dq; blockIdx.y == 1: reverse walk for dk, dv and dS0. With a gate,
@@ -371,17 +404,13 @@ __global__ void __launch_bounds__(kThreads)
                           float* __restrict__ dot_k, Shape p) {
   using L = Layout<K, V>;
   extern __shared__ __align__(128) unsigned char smem[];
-  E *sq = reinterpret_cast<E*>(smem + L::q), *sk = reinterpret_cast<E*>(smem + L::k),
-    *sv = reinterpret_cast<E*>(smem + L::v), *sdo = reinterpret_cast<E*>(smem + L::dout),
-    *S16 = reinterpret_cast<E*>(smem + L::state16), *A16 = reinterpret_cast<E*>(smem + L::scores),
-    *dA16 = A16 + kC * L::ldc;
-  float *S = reinterpret_cast<float*>(smem + L::state), *stage = reinterpret_cast<float*>(smem + L::stage),
-        *G = reinterpret_cast<float*>(smem + L::gates), *eG = G + kC, *eEnd = G + 2 * kC;
-  const int bh = blockIdx.x, b = bh / p.H, h = bh % p.H, warp = threadIdx.x / 32;
-  const size_t sk_row = static_cast<size_t>(p.H) * K, sv_row = static_cast<size_t>(p.H) * V;
-  const size_t head_k = (static_cast<size_t>(b) * p.T * p.H + h) * K, head_v = (static_cast<size_t>(b) * p.T * p.H + h) * V;
-  const float* gh = g != nullptr ? g + static_cast<size_t>(bh) * p.T : nullptr;
-  const size_t state_at = static_cast<size_t>(bh) * K * V, dots_at = static_cast<size_t>(bh) * p.T;
+  const BlockView<K, V, E> blk(smem, p);
+  E *sq = blk.q, *sk = blk.k, *sv = blk.v, *sdo = blk.dout, *S16 = blk.S16, *A16 = blk.A16, *dA16 = blk.dA16;
+  float *S = blk.S, *stage = blk.stage, *G = blk.G, *eG = blk.eG, *eEnd = blk.eEnd;
+  const int warp = blk.warp;
+  const size_t sk_row = blk.k_row, sv_row = blk.v_row, head_k = blk.head_k, head_v = blk.head_v;
+  const float* gh = g != nullptr ? g + blk.steps_at : nullptr;
+  const size_t state_at = blk.state_at, dots_at = blk.steps_at;
   const int N = (p.T + kC - 1) / kC;
 
   if (blockIdx.y == 0) {
@@ -410,14 +439,10 @@ __global__ void __launch_bounds__(kThreads)
       decay_mask(dA16, L::ldc, stage, L::ldc32, G, p.scale);
       scale_rows<V>(sdo, L::ldv, eG, p.scale);
       __syncthreads();
-      for (int t = warp; t < kRowTiles * (K / 16); t += kWarps) {
-        const int R = t / (K / 16), Cc = t % (K / 16);
-        Acc acc;
-        wmma::fill_fragment(acc, 0.f);
+      tiles_into_stage<K>(stage, L::ldo32, [&](Acc& acc, int R, int Cc) {
         product_tile<false, true>(acc, sdo, L::ldv, S16, L::ldv, R, Cc, 0, V / 16);
         product_tile<false, false>(acc, dA16, L::ldc, sk, L::ldk, R, Cc, 0, R + 1);
-        wmma::store_matrix_sync(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32, wmma::mem_row_major);
-      }
+      });
       __syncthreads();
       store_rows<K>(dq + head_k, sk_row, t0, p.T, stage, L::ldo32, sq, L::ldk, dots);
       scale_rows<K>(sk, L::ldk, eEnd, 1.f);
@@ -460,28 +485,20 @@ __global__ void __launch_bounds__(kThreads)
     scale_rows<V>(sv, L::ldv, eEnd, 1.f);
     __syncthreads();
     // dk = dA^T q + (e^{Gl-G} v) dS'^T  (k itself is still unscaled for k·dk)
-    for (int t = warp; t < kRowTiles * (K / 16); t += kWarps) {
-      const int R = t / (K / 16), Cc = t % (K / 16);
-      Acc acc;
-      wmma::fill_fragment(acc, 0.f);
+    tiles_into_stage<K>(stage, L::ldo32, [&](Acc& acc, int R, int Cc) {
       product_tile<true, false>(acc, dA16, L::ldc, sq, L::ldk, R, Cc, R, kRowTiles);
       product_tile<false, true>(acc, sv, L::ldv, S16, L::ldv, R, Cc, 0, V / 16);
-      wmma::store_matrix_sync(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32, wmma::mem_row_major);
-    }
+    });
     __syncthreads();
     store_rows<K>(dk + head_k, sk_row, t0, p.T, stage, L::ldo32, sk, L::ldk, dots);
     __syncthreads();
     scale_rows<K>(sk, L::ldk, eEnd, 1.f);
     __syncthreads();
     // dv = A^T do + (e^{Gl-G} k) dS'
-    for (int t = warp; t < kRowTiles * (V / 16); t += kWarps) {
-      const int R = t / (V / 16), Cc = t % (V / 16);
-      Acc acc;
-      wmma::fill_fragment(acc, 0.f);
+    tiles_into_stage<V>(stage, L::ldo32, [&](Acc& acc, int R, int Cc) {
       product_tile<true, false>(acc, A16, L::ldc, sdo, L::ldv, R, Cc, R, kRowTiles);
       product_tile<false, false>(acc, sk, L::ldk, S16, L::ldv, R, Cc, 0, K / 16);
-      wmma::store_matrix_sync(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32, wmma::mem_row_major);
-    }
+    });
     __syncthreads();
     store_rows<V>(dv + head_v, sv_row, t0, p.T, stage, L::ldo32);
     scale_rows<K>(sq, L::ldk, eG, p.scale);
