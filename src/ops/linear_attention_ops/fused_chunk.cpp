@@ -5,7 +5,8 @@
 // b_t the cumulative log decay (b_t = Σ_{s<=t} g_s), every term of o_t and of the final state S_T
 // carries exp(b_t - b_j) with j the key's step (exp(b_t) for h0), so
 //   dL/db_t = q_t·dq_t - k_t·dk_t  (+ <dS_T, S_T> at t = T)
-// and dL/dg_s = Σ_{t >= s} dL/db_t: a reverse cumulative sum over time, in fp32.
+// and dL/dg_s = Σ_{t >= s} dL/db_t: a reverse cumulative sum over time, in fp32 (the kernels give the
+// row sums q_t·dq_t and k_t·dk_t in fp32, taken before dq and dk are rounded).
 #include <cstdint>
 
 #include "compat/torch_compat.h"
@@ -25,7 +26,7 @@ using cuda_kernels::present;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The kernels read rows as 16-byte vectors: a contiguous view at an odd offset is copied first.
+// The kernels read rows and states as 16-byte words: a contiguous view at an odd offset is copied first.
 torch::Tensor aligned(torch::Tensor t) {
   t = t.contiguous();
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
