@@ -244,6 +244,27 @@ void check_gradients_agree(bool delta) {
 TEST(OpsGla, GradientsMatchRecurrentFp64) { check_gradients_agree(false); }
 TEST(OpsDeltaRule, GradientsMatchRecurrentFp64) { check_gradients_agree(true); }
 
+// The identity the fused CUDA backward of family A takes the decay's gradient from (linear_attention_ops/
+// fused_chunk.cpp): with b_t the cumulative log decay, dL/dg_s = Σ_{t>=s} (q_t·dq_t - k_t·dk_t) +
+// <dS_T, S_T>. Checked here against autograd through the recurrent form, fp64, with h0 and a gradient on
+// the final state, for a scalar decay per step and a fixed one per head (its gradient summed over B, T).
+TEST(OpsGla, DecayGradientIdentity) {
+  torch::manual_seed(11);
+  for (Decay decay : {Decay::Scalar, Decay::Fixed}) {
+    SCOPED_TRACE(decay_name(decay));
+    const int64_t T = 70;
+    Inputs in = random_inputs(T, decay, false, true, torch::kDouble);
+    for (auto* t : {&in.q, &in.k, &in.v, &in.g, &in.h0}) *t = t->detach().requires_grad_(true);
+    auto dout = torch::randn({kB, T, kH, kV}, torch::kDouble), dht = torch::randn({kB, kH, kK, kV}, torch::kDouble);
+    auto res = run_recurrent(in, false);
+    ((res.o * dout).sum() + (res.state * dht).sum()).backward();
+    auto db = (in.q * in.q.grad()).sum(-1) - (in.k * in.k.grad()).sum(-1);              // [B,T,H]
+    auto dg = db.flip(1).cumsum(1).flip(1) + (dht * res.state).sum({2, 3}).unsqueeze(1);  // [B,T,H]
+    if (decay == Decay::Fixed) dg = dg.sum(torch::IntArrayRef{0, 1});                     // [H]
+    EXPECT_LE(rel_err(dg, in.g.grad()), 1e-10);
+  }
+}
+
 // [0,T1) then [T1,T) with the carried state equals one run over [0,T).
 void check_state_passing(bool delta) {
   torch::manual_seed(delta ? 6 : 5);
