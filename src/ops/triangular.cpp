@@ -41,7 +41,7 @@ torch::Tensor solve_unit_lower(const torch::Tensor& L, const torch::Tensor& R) {
       L.size(-1) <= cuda_kernels::kMaxInverseSize)
     return UnitLowerInverseFunction::apply(L.to(torch::kFloat)).matmul(R);
 #endif
-  const auto dt = L.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;  // bf16 L: solve in fp32
+  const auto dt = compute_dtype(L);  // bf16 L: solve in fp32
   auto eye = torch::eye(L.size(-1), L.options().dtype(dt));
   return torch::linalg_solve_triangular(L.to(dt) + eye, R.to(dt), /*upper=*/false, /*left=*/true,
                                         /*unitriangular=*/true);

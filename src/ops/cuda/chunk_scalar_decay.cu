@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
@@ -527,16 +528,10 @@ void dispatch(int64_t K, int64_t V, torch::ScalarType dt, Fn fn) {
   else by_size(__half{});
 }
 
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-}
-
 template <typename E>
 E* ptr(const torch::Tensor& t) {
   return reinterpret_cast<E*>(t.data_ptr());
 }
-const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 }  // namespace
 
@@ -561,7 +556,7 @@ std::pair<torch::Tensor, torch::Tensor> scalar_decay_chunk_forward(const torch::
     using E = decltype(elem);
     auto kernel = chunk_forward_kernel<KK, VV, E>;
     constexpr size_t smem = Layout<KK, VV>::bytes;
-    allow_smem(kernel, smem);
+    allow_dynamic_smem(kernel, smem);
     kernel<<<static_cast<unsigned>(B * H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr_or_null(g), ptr_or_null(h0), ptr<E>(o), final_state.data_ptr<float>(), p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -595,7 +590,7 @@ ScalarDecayChunkGrads scalar_decay_chunk_backward(const torch::Tensor& q, const 
     using E = decltype(elem);
     auto kernel = chunk_backward_kernel<KK, VV, E>;
     constexpr size_t smem = Layout<KK, VV>::bytes;
-    allow_smem(kernel, smem);
+    allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(B * H), 2);
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr_or_null(g), ptr_or_null(h0), ptr<E>(d_out), ptr_or_null(d_final),

@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
@@ -90,9 +91,7 @@ torch::Tensor diagonal_scores_forward(const torch::Tensor& X, const torch::Tenso
   auto out = torch::empty(shape, X.options());
   if (M == 0) return out;
   const size_t smem = 3 * kSub * (K + 1) * sizeof(float);
-  if (smem > 48 * 1024)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(diagonal_scores_forward_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem)));
+  allow_dynamic_smem(diagonal_scores_forward_kernel, smem);
   diagonal_scores_forward_kernel<<<static_cast<unsigned>(M), kSub * kSub, smem, at::cuda::getCurrentCUDAStream()>>>(
       X.data_ptr<float>(), Y.data_ptr<float>(), G.data_ptr<float>(), out.data_ptr<float>(), static_cast<int>(K),
       strict);

@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
@@ -230,16 +231,8 @@ __global__ void decay_scan_backward_kernel(const float* __restrict__ D, const fl
   dS0[i] = l;
 }
 
-const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
-
 torch::Tensor fp32_contiguous(const torch::Tensor& t) {
   return t.defined() ? t.to(torch::kFloat).contiguous() : torch::Tensor();
-}
-
-template <typename Kernel>
-void prepare(Kernel kernel, size_t smem) {
-  if (smem > 48 * 1024)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
 }
 
 // Shared memory of the family-B kernels: the state slice, the chunk's columns and one padded [C, K].
@@ -265,7 +258,7 @@ detail::StatePass delta_pass_forward(const torch::Tensor& W, const torch::Tensor
   TORCH_CHECK(B * H <= 65535, "delta rule state pass: at most 65535 (batch x head) pairs per call, got ", B * H);
   const dim3 grid(static_cast<unsigned>((V + kTile - 1) / kTile), static_cast<unsigned>(B * H));
   const size_t smem = delta_pass_smem(C, K);
-  prepare(delta_pass_forward_kernel, smem);
+  allow_dynamic_smem(delta_pass_forward_kernel, smem);
   delta_pass_forward_kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
       Wc.data_ptr<float>(), Uc.data_ptr<float>(), Kc.data_ptr<float>(), ptr_or_null(Dc), ptr_or_null(S0c),
       out.states.data_ptr<float>(), out.writes.data_ptr<float>(), out.final_state.data_ptr<float>(),
@@ -289,7 +282,7 @@ StatePassGrads delta_pass_backward(const torch::Tensor& W, const torch::Tensor& 
   TORCH_CHECK(B * H <= 65535, "delta rule state pass: at most 65535 (batch x head) pairs per call, got ", B * H);
   const dim3 grid(static_cast<unsigned>((V + kTile - 1) / kTile), static_cast<unsigned>(B * H));
   const size_t smem = delta_pass_smem(C, K);
-  prepare(delta_pass_backward_kernel, smem);
+  allow_dynamic_smem(delta_pass_backward_kernel, smem);
   delta_pass_backward_kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
       Wc.data_ptr<float>(), Kc.data_ptr<float>(), ptr_or_null(Dc), ptr_or_null(dSn), ptr_or_null(dVn),
       ptr_or_null(dSf), g.lambda.data_ptr<float>(), g.d_writes_total.data_ptr<float>(),
