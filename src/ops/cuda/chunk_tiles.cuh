@@ -1,0 +1,284 @@
+// Device building blocks of the fused chunk kernels (ops/cuda/chunk_*.cu): chunks of 64 rows walked
+// by one block of 256 threads, 16-bit operands in shared memory, products on tensor cores (WMMA
+// 16x16x16, fp32 accumulation), fp32 state and gates. Each .cu file keeps its own shared-memory layout
+// and kernels; what they have in common lies here:
+//   - 16-bit <-> fp32 conversion of 16-byte words (Elem, unpack8, pack8, load8);
+//   - tile products (product_tile, score_tile, tiles_into_stage, update_state) over row-major tiles;
+//   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
+//     optional fp32 row sums (store_rows);
+//   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
+//     from them (scale_rows, decay_mask);
+//   - fp32 state in and out of shared memory (load_state, store_state, copy_state).
+// Included only by .cu files: everything here is device code in an unnamed namespace.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace linearize::ops::cuda_kernels {
+namespace {
+
+using namespace nvcuda;
+
+constexpr int kC = 64;  // rows per chunk
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowTiles = kC / 16;
+constexpr int kLowerTiles = kRowTiles * (kRowTiles + 1) / 2;  // 16x16 tiles on or below the diagonal
+
+// 16-bit element types: two values in a 32-bit word <-> two floats.
+__device__ __forceinline__ float2 widen(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+__device__ __forceinline__ float2 widen(__half2 h) { return __half22float2(h); }
+template <typename P>
+__device__ P narrow(float a, float b);
+template <>
+__device__ __forceinline__ __nv_bfloat162 narrow(float a, float b) { return __floats2bfloat162_rn(a, b); }
+template <>
+__device__ __forceinline__ __half2 narrow(float a, float b) { return __floats2half2_rn(a, b); }
+
+template <typename E>
+struct Elem {
+  using Pair = std::conditional_t<std::is_same_v<E, __half>, __half2, __nv_bfloat162>;
+  static __device__ __forceinline__ float2 unpack(uint32_t x) {
+    Pair h;
+    memcpy(&h, &x, 4);
+    return widen(h);
+  }
+  static __device__ __forceinline__ uint32_t pack(float a, float b) {
+    const Pair h = narrow<Pair>(a, b);
+    uint32_t x;
+    memcpy(&x, &h, 4);
+    return x;
+  }
+};
+
+// Eight 16-bit values (one 16-byte word) <-> eight floats.
+template <typename E>
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = Elem<E>::unpack(w[i]);
+    f[2 * i] = p.x, f[2 * i + 1] = p.y;
+  }
+}
+template <typename E>
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  return make_uint4(Elem<E>::pack(f[0], f[1]), Elem<E>::pack(f[2], f[3]), Elem<E>::pack(f[4], f[5]),
+                    Elem<E>::pack(f[6], f[7]));
+}
+__device__ __forceinline__ void load8(const float* src, float (&f)[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
+  f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+constexpr size_t round32(size_t x) { return (x + 31) / 32 * 32; }
+
+using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+template <typename E>
+__device__ __forceinline__ const E* tile(const E* m, int ld, int r16, int c16) {
+  return m + r16 * 16 * ld + c16 * 16;
+}
+
+// acc += Σ_{s = s0}^{s1-1} X(R, s) Y(s, Cc) over 16x16 tiles, X row-major [., ldx] (or its transpose when
+// TransX), Y row-major [., ldy] (or its transpose when TransY).
+template <bool TransX, bool TransY, typename E>
+__device__ __forceinline__ void product_tile(Acc& acc, const E* X, int ldx, const E* Y, int ldy, int R, int Cc,
+                                             int s0, int s1) {
+  using LX = std::conditional_t<TransX, wmma::col_major, wmma::row_major>;
+  using LY = std::conditional_t<TransY, wmma::col_major, wmma::row_major>;
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, E, LX> a;
+  wmma::fragment<wmma::matrix_b, 16, 16, 16, E, LY> b;
+  for (int s = s0; s < s1; ++s) {
+    wmma::load_matrix_sync(a, TransX ? tile(X, ldx, s, R) : tile(X, ldx, R, s), ldx);
+    wmma::load_matrix_sync(b, TransY ? tile(Y, ldy, Cc, s) : tile(Y, ldy, s, Cc), ldy);
+    wmma::mma_sync(acc, a, b, acc);
+  }
+}
+
+__device__ __forceinline__ void lower_tile(int t, int& R, int& Cc) {
+  R = 0;
+  while (t > R) t -= ++R;
+  Cc = t;
+}
+
+// Rows t0 .. t0+C-1 of head (b, h) of x [B, T, H, D] (row stride H*D), fetched into registers as
+// 16-byte words (zeros past T or before 0) while the block works on the previous chunk, then put into
+// shared memory [C, ld].
+template <int D, typename E>
+struct RowPrefetch {
+  static constexpr int kTotal = kC * D / 8, kWords = (kTotal + kThreads - 1) / kThreads;
+  uint4 w[kWords];
+
+  __device__ __forceinline__ void fetch(const E* __restrict__ x, size_t stride, int t0, int T) {
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) {
+      const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
+      w[j] = make_uint4(0, 0, 0, 0);
+      if (i < kTotal && t0 >= 0 && t0 + r < T) w[j] = *reinterpret_cast<const uint4*>(x + (t0 + r) * stride + c);
+    }
+  }
+  __device__ __forceinline__ void put(E* dst, int ld) const {
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) {
+      const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
+      if (i < kTotal) *reinterpret_cast<uint4*>(dst + r * ld + c) = w[j];
+    }
+  }
+};
+
+// fp32 staging [C, ld] -> rows t0 .. of head (b, h) of out [B, T, H, D]; rows past T are dropped.
+// With `dot` given, also dot[t0 + r] = x[r, :] · staging[r, :] (x 16-bit [C, ldx], the sum in fp32 over the
+// D / 8 consecutive threads that hold row r).
+template <int D, typename E>
+__device__ void store_rows(E* __restrict__ out, size_t stride, int t0, int T, const float* src, int ld,
+                           const E* x = nullptr, int ldx = 0, float* __restrict__ dot = nullptr) {
+  static_assert((kC * D / 8) % 32 == 0, "whole warps take part in the row sums");
+  for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    const bool live = t0 + r < T;
+    float f[8];
+    load8(src + r * ld + c, f);
+    if (live) *reinterpret_cast<uint4*>(out + (t0 + r) * stride + c) = pack8<E>(f);
+    if (dot != nullptr) {  // uniform over the block
+      float xv[8], part = 0.f;
+      unpack8<E>(*reinterpret_cast<const uint4*>(x + r * ldx + c), xv);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) part += xv[j] * f[j];
+#pragma unroll
+      for (int off = D / 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+      if (live && c == 0) dot[t0 + r] = part;
+    }
+  }
+}
+
+// The log decay of steps t0 + 2 lane and t0 + 2 lane + 1 (lanes of warp 0; zeros past T, before 0 or
+// without a gate), fetched ahead like the rows.
+__device__ __forceinline__ float2 fetch_gates(const float* __restrict__ g, int t0, int T) {
+  const int t = t0 + 2 * static_cast<int>(threadIdx.x);
+  float2 ab = make_float2(0.f, 0.f);
+  if (g == nullptr || threadIdx.x >= 32 || t0 < 0) return ab;
+  if (t < T) ab.x = g[t];
+  if (t + 1 < T) ab.y = g[t + 1];
+  return ab;
+}
+
+// The chunk's gates, by warp 0: G = inclusive cumulative sum of the log decay within the chunk, then
+// the row factors e^G and e^{Gl - G} (all exponents <= 0).
+__device__ void chunk_gates(float* gates, float2 ab) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  float incl = ab.x + ab.y;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  const float last = __shfl_sync(0xffffffffu, incl, 31), g0 = incl - ab.y, g1 = incl;
+  float *G = gates, *eG = gates + kC, *eEnd = gates + 2 * kC;
+  G[2 * lane] = g0, G[2 * lane + 1] = g1;
+  eG[2 * lane] = expf(g0), eG[2 * lane + 1] = expf(g1);
+  eEnd[2 * lane] = expf(last - g0), eEnd[2 * lane + 1] = expf(last - g1);
+}
+
+// dst[i, j] = raw[i, j] * scale * exp(G_i - G_j) for j <= i, 0 above (raw is used on and below only).
+template <typename E>
+__device__ void decay_mask(E* dst, int ld, const float* raw, int ld32, const float* G, float scale) {
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
+    const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
+    float f[8] = {};
+    if (j0 <= i) load8(raw + i * ld32 + j0, f);
+    const float Gi = G[i];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = j0 + j <= i ? f[j] * scale * __expf(Gi - G[j0 + j]) : 0.f;
+    *reinterpret_cast<uint4*>(dst + i * ld + j0) = pack8<E>(f);
+  }
+}
+
+// x[r, :] *= factor * f[r] in place (f: a row factor of chunk_gates).
+template <int D, typename E>
+__device__ void scale_rows(E* x, int ld, const float* f, float factor) {
+  for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    uint4* p = reinterpret_cast<uint4*>(x + r * ld + c);
+    float v[8];
+    unpack8<E>(*p, v);
+    const float m = factor * f[r];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] *= m;
+    *p = pack8<E>(v);
+  }
+}
+
+// Lower score tile number t (of kLowerTiles) of X Y^T ([C, D] each, row-major) into raw [C, ld32].
+template <int D, typename E>
+__device__ void score_tile(float* raw, int ld32, const E* X, const E* Y, int ld, int t) {
+  int R, Cc;
+  lower_tile(t, R, Cc);
+  Acc acc;
+  wmma::fill_fragment(acc, 0.f);
+  product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
+  wmma::store_matrix_sync(raw + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+}
+
+// Every 16x16 tile of a [C, D] fp32 result in the staging area (row stride ld32), spread over the
+// warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed fragment.
+template <int D, typename Body>
+__device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body body) {
+  for (int t = threadIdx.x / 32; t < kRowTiles * (D / 16); t += kWarps) {
+    const int R = t / (D / 16), Cc = t % (D / 16);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    body(acc, R, Cc);
+    wmma::store_matrix_sync(stage + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+  }
+}
+
+// S = decay * S + X^T Y over the chunk (X [C, K], Y [C, V] row-major), S fp32 [K, ld32], by warp tiles.
+template <int K, int V, typename E>
+__device__ void update_state(float* S, int ld32, float decay, const E* X, int ldx, const E* Y, int ldy) {
+  const int warp = threadIdx.x / 32;
+  for (int t = warp; t < (K / 16) * (V / 16); t += kWarps) {
+    const int R = t / (V / 16), Cc = t % (V / 16);
+    Acc acc;
+    wmma::load_matrix_sync(acc, S + R * 16 * ld32 + Cc * 16, ld32, wmma::mem_row_major);
+#pragma unroll
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= decay;
+    product_tile<true, false>(acc, X, ldx, Y, ldy, R, Cc, 0, kC / 16);
+    wmma::store_matrix_sync(S + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+  }
+}
+
+template <int K, int V, typename E>
+__device__ void copy_state(E* dst, int ld, const float* S, int ld32) {
+  for (int i = threadIdx.x; i < K * V / 8; i += kThreads) {
+    const int r = i / (V / 8), c = (i % (V / 8)) * 8;
+    float f[8];
+    load8(S + r * ld32 + c, f);
+    *reinterpret_cast<uint4*>(dst + r * ld + c) = pack8<E>(f);
+  }
+}
+
+template <int K, int V>
+__device__ void load_state(float* S, int ld32, const float* __restrict__ src) {
+  for (int i = threadIdx.x; i < K * V / 4; i += kThreads) {
+    const int r = i / (V / 4), c = (i % (V / 4)) * 4;
+    const float4 x = src != nullptr ? reinterpret_cast<const float4*>(src)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    *reinterpret_cast<float4*>(S + r * ld32 + c) = x;
+  }
+}
+
+template <int K, int V>
+__device__ void store_state(float* __restrict__ dst, const float* S, int ld32) {
+  for (int i = threadIdx.x; i < K * V / 4; i += kThreads) {
+    const int r = i / (V / 4), c = (i % (V / 4)) * 4;
+    reinterpret_cast<float4*>(dst)[i] = *reinterpret_cast<const float4*>(S + r * ld32 + c);
+  }
+}
+
+}  // namespace
+}  // namespace linearize::ops::cuda_kernels
