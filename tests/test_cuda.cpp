@@ -262,6 +262,64 @@ TEST(CudaOps, FusedScalarDecayChunkMatchesFp32) {
   }
 }
 
+// The fused delta-rule walk (ops/cuda/chunk_delta_rule.cu, head size 64, no / fixed / scalar decay)
+// in bf16 and fp16 against the libtorch chunked form in fp32 on the same rounded inputs: o, final state
+// and the gradients of q, k, v, beta, h0 and the decay. The libtorch form run in the 16-bit dtype is
+// printed alongside as the round-off to expect.
+TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
+  REQUIRE_CUDA();
+  NoTf32 no_tf32;
+  const int64_t B = 2, T = 333, H = 3, D = 64;
+  struct Case {
+    int gate;
+    torch::ScalarType dt;
+  };
+  const std::vector<Case> cases = {{0, torch::kBFloat16}, {1, torch::kBFloat16}, {2, torch::kBFloat16}, {2, torch::kHalf}};
+  for (const auto& c : cases) {
+    const OpCase op{"delta", Family::DeltaRule, c.gate};
+    SCOPED_TRACE("gate=" + std::to_string(c.gate));
+    torch::manual_seed(20 + c.gate);
+    auto base = random_inputs(op, B, T, H, D, D);
+    for (auto* t : {&base.q, &base.k, &base.v}) *t = t->to(c.dt).to(torch::kFloat);  // representable inputs
+    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+    auto dout = torch::randn({B, T, H, D}, torch::kCUDA), dstate = torch::randn({B, H, D, D}, torch::kCUDA);
+
+    auto run = [&](torch::ScalarType dt, bool fused) {
+      auto in = to_device(base, torch::kCUDA, true);
+      for (auto* t : {&in.q, &in.k, &in.v}) *t = t->detach().to(dt).requires_grad_(true);
+      if (in.g.defined()) in.g = in.g.detach().requires_grad_(true);
+      ops::set_fused_kernels(fused);
+      auto r = ops::delta_rule_chunk(in.q, in.k, in.v, in.beta, in.g, in.h0, scale);
+      ops::set_fused_kernels(true);
+      ((r.o.to(torch::kFloat) * dout).sum() + (r.state * dstate).sum()).backward();
+      std::vector<torch::Tensor> out = {r.o, r.state, in.q.grad(), in.k.grad(), in.v.grad(), in.beta.grad(), in.h0.grad()};
+      if (in.g.defined()) out.push_back(in.g.grad());
+      return out;
+    };
+    {
+      auto in = to_device(base, torch::kCUDA, false);
+      for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
+      const auto kind = ops::detail::gate_kind(in.g, B, T, H, D, "test");
+      ASSERT_TRUE(ops::detail::fused_delta_walk_dtype(in.q, in.k, in.v, kind, 64).has_value())
+          << "the fused walk should take this case";
+    }
+    auto ref = run(torch::kFloat, false), fused = run(c.dt, true), plain = run(c.dt, false);
+    const char* names[] = {"o", "state", "dq", "dk", "dv", "dbeta", "dh0", "dg"};
+    std::string line;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(fused[i].defined()) << names[i] << " missing on the fused path";
+      const double e = rel_err(fused[i], ref[i]), e_plain = rel_err(plain[i], ref[i]);
+      EXPECT_LE(e, 3e-2) << names[i];
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  %s %.1e (%.1e)", names[i], e, e_plain);
+      line += buf;
+    }
+    EXPECT_EQ(fused[0].scalar_type(), c.dt);
+    EXPECT_EQ(fused[1].scalar_type(), torch::kFloat);
+    std::printf("[cuda-fused-delta] gate=%d %s:%s\n", c.gate, c.dt == torch::kHalf ? "fp16" : "bf16", line.c_str());
+  }
+}
+
 // ---- (b) the fused decode step ---------------------------------------------------------------------
 
 // One recurrent step (T = 1) with fused kernels on or off.
@@ -315,13 +373,13 @@ TEST(CudaOps, FusedDecodeStepMatchesLibtorchStep) {
 
 // ---- (c) mixers on CUDA ----------------------------------------------------------------------------
 
-// Linear attention and RetNet layers (head size 64) trained as the trainer runs them, under bf16
-// autocast, take the fused chunk kernels; their output and every parameter gradient must match the
+// Linear attention, RetNet, DeltaNet and Gated DeltaNet layers (head size 64) trained as the trainer
+// runs them, under bf16 autocast, take the fused chunk kernels; their output and every parameter gradient must match the
 // libtorch chunked form (fused kernels off) run under the same autocast, within bf16 round-off.
 TEST(CudaMixers, FusedChunkUnderAutocastMatchesLibtorch) {
   REQUIRE_CUDA();
   const int64_t B = 2, T = 150;
-  for (const std::string kind : {"linear_attention", "retnet"}) {
+  for (const std::string kind : {"linear_attention", "retnet", "deltanet", "gated_deltanet"}) {
     SCOPED_TRACE(kind);
     torch::manual_seed(5);
     MixerConfig cfg = MixerConfig::defaults_for(kind);

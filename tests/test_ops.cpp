@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "io/safetensors.h"
+#include "ops/common.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -263,6 +265,50 @@ TEST(OpsGla, DecayGradientIdentity) {
     if (decay == Decay::Fixed) dg = dg.sum(torch::IntArrayRef{0, 1});                     // [H]
     EXPECT_LE(rel_err(dg, in.g.grad()), 1e-10);
   }
+}
+
+// The decay's gradient through the fused delta-rule walk (delta_rule_ops/fused_chunk.cpp) comes from
+// the row sums q·dq, k·dk and w·dw (detail::walk_decay_gradient). Checked against autograd through the
+// walk written out here in fp64 (per chunk: V' = U - W S, o = (q e^G) S + A V', S' = e^Gl S + (e^{Gl-G} k)^T V'),
+// with h0, a gradient on the final state and T not a multiple of the chunk; without the w·dw term the
+// result is off by O(1).
+TEST(OpsDeltaRule, WalkDecayGradientIdentity) {
+  torch::manual_seed(12);
+  const int64_t B = 2, H = 3, T = 45, C = 16, N = 3, Tp = N * C, K = 5, V = 4;
+  auto opt = torch::TensorOptions().dtype(torch::kDouble);
+  auto live = (torch::arange(Tp, opt) < T).to(torch::kDouble).view({1, 1, Tp, 1});  // rows past T are zero
+  auto q = torch::randn({B, H, T, K}, opt).requires_grad_(true), k = torch::randn({B, H, T, K}, opt).requires_grad_(true);
+  auto w = (torch::randn({B, H, Tp, K}, opt) * 0.3 * live).requires_grad_(true);
+  auto u = (torch::randn({B, H, Tp, V}, opt) * live).requires_grad_(true);
+  auto g = (-torch::rand({B, H, T}, opt) * 0.5).requires_grad_(true);
+  auto h0 = torch::randn({B, H, K, V}, opt).requires_grad_(true);
+  auto pad = [&](const torch::Tensor& x) {  // [B,H,T,...] -> [B,H,Tp,...], zeros
+    auto shape = x.sizes().vec();
+    shape[2] = Tp - T;
+    return torch::cat({x, torch::zeros(shape, opt)}, 2);
+  };
+  auto qp = pad(q), kp = pad(k), gp = pad(g);
+  auto mask = torch::ones({C, C}, opt.dtype(torch::kBool)).tril();
+  torch::Tensor S = h0;
+  std::vector<torch::Tensor> outs;
+  for (int64_t n = 0; n < N; ++n) {
+    auto rows = [&](const torch::Tensor& x) { return x.narrow(2, n * C, C); };
+    auto G = rows(gp).cumsum(-1);                                                           // [B,H,C]
+    auto Gl = G.narrow(-1, C - 1, 1);                                                       // [B,H,1]
+    auto Vn = rows(u) - rows(w).matmul(S);                                                  // [B,H,C,V]
+    auto decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~mask, -INFINITY).exp();  // [B,H,C,C]
+    auto A = rows(qp).matmul(rows(kp).transpose(-1, -2)) * decay;                          // [B,H,C,C]
+    outs.push_back((rows(qp) * G.exp().unsqueeze(-1)).matmul(S) + A.matmul(Vn));
+    S = S * Gl.exp().unsqueeze(-1) + (rows(kp) * (Gl - G).exp().unsqueeze(-1)).transpose(-1, -2).matmul(Vn);
+  }
+  auto o = torch::cat(outs, 2).narrow(2, 0, T);
+  auto dout = torch::randn_like(o), dS = torch::randn_like(S);
+  ((o * dout).sum() + (S * dS).sum()).backward();
+  auto dot = [](const torch::Tensor& x) { return (x * x.grad()).sum(-1); };
+  auto dg = ops::detail::walk_decay_gradient(dot(q), dot(k), dot(w), C, dS, S.detach());
+  EXPECT_LE(rel_err(dg, g.grad()), 1e-10);
+  auto without_w = ops::detail::walk_decay_gradient(dot(q), dot(k), torch::zeros_like(dot(w)), C, dS, S.detach());
+  EXPECT_GT(rel_err(without_w, g.grad()), 1e-2);
 }
 
 // [0,T1) then [T1,T) with the carried state equals one run over [0,T).

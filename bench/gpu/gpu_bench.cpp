@@ -15,7 +15,7 @@
 //           that). tokens/s and state bytes per sequence. SmolLM2-135M shape.
 //
 //   linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]
-//                       [--head-dim D] [--only linear_attention,retnet,...]
+//                       [--head-dim D] [--only linear_attention,retnet,...]  (ops: each with its libtorch-chunks row)
 //
 // --quick runs the smallest sizes only (a check that everything runs). On CPU the sizes are cut down.
 #include <torch/torch.h>
@@ -129,10 +129,14 @@ void bench_ops(const Settings& s) {
                                      {"deltanet", 1, 0},         {"gated_deltanet", 1, 2}, {"kda", 1, 3},
                                      {"mlstm", 2, 0},
                                      {"linear_attention (libtorch chunks)", 0, 0, false},
-                                     {"retnet (libtorch chunks)", 0, 1, false}};
+                                     {"retnet (libtorch chunks)", 0, 1, false},
+                                     {"deltanet (libtorch chunks)", 1, 0, false},
+                                     {"gated_deltanet (libtorch chunks)", 1, 2, false}};
   std::vector<OpKind> kinds;
   for (const auto& kind : all_kinds)
-    if (s.only.empty() || std::find(s.only.begin(), s.only.end(), kind.name) != s.only.end()) kinds.push_back(kind);
+    // A name picks its op and, where there is one, the op's libtorch-chunks row ("retnet" gives both).
+    if (s.only.empty() || std::find(s.only.begin(), s.only.end(), kind.name.substr(0, kind.name.find(' '))) != s.only.end())
+      kinds.push_back(kind);
   const auto dt = gpu ? torch::kBFloat16 : torch::kFloat;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   auto opts = torch::TensorOptions().device(s.device);

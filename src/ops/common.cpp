@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "compat/torch_compat.h"
 #include "io/error.h"
 #include "ops/common.h"
 #include "ops/ops.h"
@@ -160,6 +161,22 @@ std::vector<torch::Tensor> gated_scores(const std::vector<torch::Tensor>& Xs, co
 torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const torch::Tensor& G,
                            bool strict) {
   return gated_scores(std::vector<torch::Tensor>{X}, Y, G, strict)[0];
+}
+
+std::optional<torch::ScalarType> fused_chunk_dtype(const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v, int64_t chunk) {
+  if (!fused_kernels_enabled() || !q.is_cuda() || chunk != 64) return std::nullopt;
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return std::nullopt;
+  auto dt = q.scalar_type();
+  if (low_precision(dt)) return dt;
+  const auto autocast = compat::autocast_state(torch::kCUDA);
+  if (dt != torch::kFloat || !autocast.enabled || !low_precision(autocast.dtype)) return std::nullopt;
+  return autocast.dtype;
+}
+
+torch::Tensor aligned_rows(torch::Tensor t) {
+  t = t.contiguous();
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
 }
 
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

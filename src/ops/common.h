@@ -105,6 +105,39 @@ std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const t
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk);
 
+// The 16-bit dtype the fused chunk kernels would run q, k, v in, or nothing when they cannot: CUDA, fused
+// kernels on, chunk 64, q, k, v of one dtype that is bf16/fp16, or fp32 under bf16/fp16 autocast (the
+// products then run in autocast's dtype, as the libtorch form would compute them). Each kernel file
+// adds its own head-size check.
+std::optional<torch::ScalarType> fused_chunk_dtype(const torch::Tensor& q, const torch::Tensor& k,
+                                                   const torch::Tensor& v, int64_t chunk);
+
+// t contiguous with its data at a 16-byte boundary (the kernels read rows as 16-byte words): a view at an
+// odd offset is copied.
+torch::Tensor aligned_rows(torch::Tensor t);
+
+// The chunked form of family B with no decay, a fixed or a scalar decay: the walk from the UT
+// transform's W and U on (ops/cuda/chunk_delta_rule.cu), when it applies: fused_chunk_dtype gives a
+// dtype and the head size is 64. Otherwise nothing, and delta_rule_chunk runs its libtorch walk.
+std::optional<torch::ScalarType> fused_delta_walk_dtype(const torch::Tensor& q, const torch::Tensor& k,
+                                                        const torch::Tensor& v, GateKind kind, int64_t chunk);
+// o and the final state from the walk. q, k [B,T,H,64] as the op got them; W, U [B,H,N,C,64] from the
+// UT transform (differentiable); g the op's gate; dt from fused_delta_walk_dtype. Differentiable in q,
+// k, W, U, g and h0.
+OpResult fused_delta_walk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& W,
+                          const torch::Tensor& U, const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
+                          double scale, torch::ScalarType dt);
+
+// The decay's gradient through the fused walk, from the row sums its backward gives: with b_t the
+// cumulative log decay, q_t enters as q_t e^{b_t}, k_t as k_t e^{-b_t}, the final state as e^{b_T} times its
+// undecayed form, and the rows w of chunk n as w e^{b} with b at the step before the chunk (W S reads
+// the decayed state). So
+//   dL/dg_s = Σ_{t>=s} (q_t·dq_t - k_t·dk_t) + Σ_{chunks n starting after s} Σ_{rows of n} w·dw + <dS_T, S_T>.
+// dot_q, dot_k [B,H,T]; dot_w [B,H,N*chunk]; d_final, final_state [B,H,K,V] (d_final may be undefined).
+// Returns [B,H,T].
+torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k, const torch::Tensor& dot_w,
+                                  int64_t chunk, const torch::Tensor& d_final, const torch::Tensor& final_state);
+
 // One decode step (T = 1) of family A (beta undefined) or B through the fused CUDA kernel, when it
 // applies: CUDA tensors, not fp64, fused kernels on. Otherwise nothing, and the caller runs its
 // libtorch form. Shapes as the recurrent ops: q, k [B,1,H,K], v [B,1,H,V], beta [B,1,H].

@@ -3,7 +3,8 @@
 // 16x16x16, fp32 accumulation), fp32 state and gates. Each .cu file keeps its own shared-memory layout
 // and kernels; what they have in common lies here:
 //   - 16-bit <-> fp32 conversion of 16-byte words (Elem, unpack8, pack8, load8);
-//   - tile products (product_tile, score_tile, tiles_into_stage, update_state) over row-major tiles;
+//   - tile products (product_tile, score_tile, tiles_into_stage, accumulate_state, update_state) over
+//     row-major tiles, and x - y row by row (subtract_rows);
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
 //     optional fp32 row sums (store_rows);
 //   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
@@ -238,18 +239,41 @@ __device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body bo
   }
 }
 
-// S = decay * S + X^T Y over the chunk (X [C, K], Y [C, V] row-major), S fp32 [K, ld32], by warp tiles.
-template <int K, int V, typename E>
-__device__ void update_state(float* S, int ld32, float decay, const E* X, int ldx, const E* Y, int ldy) {
-  const int warp = threadIdx.x / 32;
-  for (int t = warp; t < (K / 16) * (V / 16); t += kWarps) {
+// S = decay * S + what body adds, over the fp32 state S [K, ld32] by warp tiles: body(acc, R, Cc) adds its
+// products to row tile R, column tile Cc.
+template <int K, int V, typename Body>
+__device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay, Body body) {
+  for (int t = threadIdx.x / 32; t < (K / 16) * (V / 16); t += kWarps) {
     const int R = t / (V / 16), Cc = t % (V / 16);
     Acc acc;
     wmma::load_matrix_sync(acc, S + R * 16 * ld32 + Cc * 16, ld32, wmma::mem_row_major);
 #pragma unroll
     for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= decay;
-    product_tile<true, false>(acc, X, ldx, Y, ldy, R, Cc, 0, kC / 16);
+    body(acc, R, Cc);
     wmma::store_matrix_sync(S + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+  }
+}
+
+// S = decay * S + X^T Y over the chunk (X [C, K], Y [C, V] row-major), S fp32 [K, ld32].
+template <int K, int V, typename E>
+__device__ void update_state(float* S, int ld32, float decay, const E* X, int ldx, const E* Y, int ldy) {
+  accumulate_state<K, V>(S, ld32, decay, [&](Acc& acc, int R, int Cc) {
+    product_tile<true, false>(acc, X, ldx, Y, ldy, R, Cc, 0, kC / 16);
+  });
+}
+
+// x = x - y (Keep) or x = -y, row by row: x 16-bit [C, ld], y fp32 [C, ld32]; the result is rounded once.
+template <int D, bool Keep, typename E>
+__device__ void subtract_rows(E* x, int ld, const float* y, int ld32) {
+  for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
+    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+    uint4* p = reinterpret_cast<uint4*>(x + r * ld + c);
+    float a[8] = {}, b[8];
+    if (Keep) unpack8<E>(*p, a);
+    load8(y + r * ld32 + c, b);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] -= b[j];
+    *p = pack8<E>(a);
   }
 }
 

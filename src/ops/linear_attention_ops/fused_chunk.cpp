@@ -9,7 +9,6 @@
 // row sums q_t·dq_t and k_t·dk_t in fp32, taken before dq and dk are rounded).
 #include <cstdint>
 
-#include "compat/torch_compat.h"
 #include "ops/common.h"
 #include "ops/ops.h"
 
@@ -26,12 +25,6 @@ using cuda_kernels::present;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The kernels read rows and states as 16-byte words: a contiguous view at an odd offset is copied first.
-torch::Tensor aligned(torch::Tensor t) {
-  t = t.contiguous();
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
-}
-
 // Inputs q, k, v (one 16-bit dtype, [B,T,H,D] contiguous), g [B,H,T] fp32 or empty, h0 fp32 or empty.
 struct ScalarDecayChunkFunction : public torch::autograd::Function<ScalarDecayChunkFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
@@ -47,8 +40,8 @@ struct ScalarDecayChunkFunction : public torch::autograd::Function<ScalarDecayCh
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &final_state = saved[5];
     const auto g = present(saved[3]), h0 = present(saved[4]);
-    auto d_out = grads[0].defined() ? aligned(grads[0].to(q.scalar_type())) : torch::zeros_like(v);
-    auto d_final = grads[1].defined() ? aligned(grads[1].to(torch::kFloat)) : torch::Tensor();
+    auto d_out = grads[0].defined() ? aligned_rows(grads[0].to(q.scalar_type())) : torch::zeros_like(v);
+    auto d_final = grads[1].defined() ? aligned_rows(grads[1].to(torch::kFloat)) : torch::Tensor();
     const bool want_dg = g.defined() && ctx->needs_input_grad(3);
     auto r = cuda_kernels::scalar_decay_chunk_backward(q, k, v, g, h0, d_out, d_final, ctx->saved_data["scale"].toDouble(),
                                                        h0.defined(), want_dg);
@@ -62,23 +55,6 @@ struct ScalarDecayChunkFunction : public torch::autograd::Function<ScalarDecayCh
   }
 };
 
-// The 16-bit dtype the kernels run q, k, v in, or nothing when they do not apply: the products run in
-// q, k, v's own 16-bit dtype, or in autocast's when fp32 inputs arrive under it (as the libtorch form
-// would compute them).
-std::optional<torch::ScalarType> kernel_dtype(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                              int64_t chunk) {
-  if (!fused_kernels_enabled() || !q.is_cuda() || chunk != 64) return std::nullopt;
-  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return std::nullopt;
-  auto dt = q.scalar_type();
-  if (!low_precision(dt)) {
-    const auto autocast = compat::autocast_state(torch::kCUDA);
-    if (dt != torch::kFloat || !autocast.enabled || !low_precision(autocast.dtype)) return std::nullopt;
-    dt = autocast.dtype;
-  }
-  if (!cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), dt)) return std::nullopt;
-  return dt;
-}
-
 }  // namespace
 #endif
 
@@ -87,13 +63,13 @@ std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const t
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
 #ifdef LINEARIZE_WITH_CUDA
   if (kind == GateKind::Vector) return std::nullopt;
-  const auto dt = kernel_dtype(q, k, v, chunk);
-  if (!dt) return std::nullopt;
+  const auto dt = fused_chunk_dtype(q, k, v, chunk);
+  if (!dt || !cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
   const int64_t B = q.size(0), T = q.size(1);
   const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
   auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
-  auto S0 = h0.defined() ? aligned(h0.to(torch::kFloat)) : empty;
-  auto operand = [&](const torch::Tensor& t) { return aligned(t.to(*dt)); };
+  auto S0 = h0.defined() ? aligned_rows(h0.to(torch::kFloat)) : empty;
+  auto operand = [&](const torch::Tensor& t) { return aligned_rows(t.to(*dt)); };
   auto out = ScalarDecayChunkFunction::apply(operand(q), operand(k), operand(v), gh, S0, scale);
   return OpResult{out[0].to(v.scalar_type()), out[1]};
 #else

@@ -1,0 +1,101 @@
+// Family B with no decay, a fixed or a scalar decay: the chunk walk through the fused CUDA kernels of
+// ops/cuda/chunk_delta_rule.cu, from the UT transform's W and U on (delta_rule_chunk computes those in
+// libtorch and autograd carries their gradients back to k, v, beta and g).
+//
+// The kernels give o, the final state, dq, dk, dW, dU and dh0. The walk's share of the decay's gradient
+// comes from the row sums q·dq, k·dk and w·dw (walk_decay_gradient, common.h, says why); the UT
+// transform's share flows through autograd as for the libtorch walk.
+#include <cstdint>
+#include <stdexcept>
+
+#include "ops/common.h"
+#include "ops/ops.h"
+
+#ifdef LINEARIZE_WITH_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace linearize::ops::detail {
+
+torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k, const torch::Tensor& dot_w,
+                                  int64_t chunk, const torch::Tensor& d_final, const torch::Tensor& final_state) {
+  const int64_t B = dot_q.size(0), H = dot_q.size(1), T = dot_q.size(2), N = dot_w.size(2) / chunk;
+  auto db = dot_q - dot_k;                                               // [B,H,T]
+  auto dg = db.flip(2).cumsum(2).flip(2);                                // Σ_{t >= s}
+  auto per_chunk = dot_w.reshape({B, H, N, chunk}).sum(-1);              // [B,H,N]
+  auto later = per_chunk.flip(2).cumsum(2).flip(2) - per_chunk;          // [B,H,N]: Σ over chunks m > n
+  dg = dg + later.repeat_interleave(chunk, 2).narrow(2, 0, T);
+  if (d_final.defined()) dg = dg + (d_final * final_state).sum({2, 3}).unsqueeze(-1);
+  return dg;
+}
+
+#ifdef LINEARIZE_WITH_CUDA
+namespace {
+
+using cuda_kernels::present;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Inputs q, k [B,T,H,64], w, u [B,H,N*64,64] (one 16-bit dtype, contiguous), g [B,H,T] fp32 or empty, h0
+// fp32 or empty.
+struct DeltaWalkFunction : public torch::autograd::Function<DeltaWalkFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& w, const torch::Tensor& u, const torch::Tensor& g,
+                               const torch::Tensor& h0, double scale) {
+    auto r = cuda_kernels::delta_walk_forward(q, k, w, u, present(g), present(h0), scale);
+    ctx->save_for_backward({q, k, w, u, g, h0, r.final_state});
+    ctx->saved_data["states"] = r.states;
+    ctx->saved_data["scale"] = scale;
+    return {r.o, r.final_state};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &w = saved[2], &u = saved[3], &final_state = saved[6];
+    const auto g = present(saved[4]), h0 = present(saved[5]);
+    auto d_out = grads[0].defined() ? aligned_rows(grads[0].to(q.scalar_type())) : torch::zeros_like(q);
+    auto d_final = grads[1].defined() ? aligned_rows(grads[1].to(torch::kFloat)) : torch::Tensor();
+    const bool want_dg = g.defined() && ctx->needs_input_grad(4);
+    auto r = cuda_kernels::delta_walk_backward(q, k, w, u, g, ctx->saved_data["states"].toTensor(), d_out, d_final,
+                                               ctx->saved_data["scale"].toDouble(), h0.defined(), want_dg);
+    torch::Tensor dg;
+    if (want_dg) dg = walk_decay_gradient(r.dot_q, r.dot_k, r.dot_w, 64, d_final, final_state);
+    return {r.dq, r.dk, r.dw, r.du, dg, h0.defined() ? r.d_initial : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+#endif
+
+std::optional<torch::ScalarType> fused_delta_walk_dtype(const torch::Tensor& q, const torch::Tensor& k,
+                                                        const torch::Tensor& v, GateKind kind, int64_t chunk) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (kind == GateKind::Vector) return std::nullopt;
+  const auto dt = fused_chunk_dtype(q, k, v, chunk);
+  if (!dt || !cuda_kernels::delta_walk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
+  return dt;
+#else
+  (void)q, (void)k, (void)v, (void)kind, (void)chunk;
+  return std::nullopt;
+#endif
+}
+
+OpResult fused_delta_walk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& W,
+                          const torch::Tensor& U, const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
+                          double scale, torch::ScalarType dt) {
+#ifdef LINEARIZE_WITH_CUDA
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Tp = W.size(2) * W.size(3);
+  const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
+  auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
+  auto S0 = h0.defined() ? aligned_rows(h0.to(torch::kFloat)) : empty;
+  auto rows = [&](const torch::Tensor& x) { return aligned_rows(x.reshape({B, H, Tp, x.size(-1)}).to(dt)); };
+  auto operand = [&](const torch::Tensor& t) { return aligned_rows(t.to(dt)); };
+  auto out = DeltaWalkFunction::apply(operand(q), operand(k), rows(W), rows(U), gh, S0, scale);
+  return OpResult{out[0].to(q.scalar_type()), out[1]};  // q, k, v share one dtype here
+#else
+  (void)q, (void)k, (void)W, (void)U, (void)g, (void)kind, (void)h0, (void)scale, (void)dt;
+  throw std::logic_error("fused_delta_walk: not compiled in (CPU build)");
+#endif
+}
+
+}  // namespace linearize::ops::detail
