@@ -4,9 +4,10 @@
 # line, each logging to $OUT/<step>.log:
 #   tests        ctest -L cuda (the Cuda* suites) and the CPU/CUDA golden suites
 #   bench-ops | bench-train | bench-decode | bench-quick   build-gpu/linearize_gpu_bench
+#   profile-ops  per-kernel times (ncu) of `ops --quick ${OPS_ARGS}`, summed by kernel (bench/gpu/kernel_times.py)
 #   launch       bench/gpu/launch_overhead.sh (issue 8: launch with one GPU vs a plain run)
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
-# OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64",
+# OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64 --only retnet+",
 # TRAIN_ARGS="--shapes 1.7b --only linear_attention,retnet")
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,9 @@ for step in "$@"; do
     bench-ops) timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$OUT/bench-ops.md" 2> "$OUT/bench-ops.log"; cat "$OUT/bench-ops.md" ;;
     bench-train) timeout ${TRAIN_LIMIT:-600} build-gpu/linearize_gpu_bench train ${TRAIN_ARGS:-} > "$OUT/bench-train.md" 2> "$OUT/bench-train.log"; cat "$OUT/bench-train.md" ;;
     bench-decode) timeout ${DECODE_LIMIT:-600} build-gpu/linearize_gpu_bench decode > "$OUT/bench-decode.md" 2> "$OUT/bench-decode.log"; cat "$OUT/bench-decode.md" ;;
+    profile-ops) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+                   build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-ops.csv" 2> "$OUT/profile-ops.log"
+                 python3 bench/gpu/kernel_times.py "$OUT/profile-ops.csv" | tee "$OUT/profile-ops.md" ;;
     bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
     launch) bench/gpu/launch_overhead.sh build-gpu .device/shared/data/tokenizers/smollm2-tokenizer.json \
               .device/shared/data/corpus/tinystories_val.txt /tmp/launch_work > "$OUT/launch.log" 2>&1; cat "$OUT/launch.log" | tail -8 ;;

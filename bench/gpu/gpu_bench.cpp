@@ -15,7 +15,7 @@
 //           that). tokens/s and state bytes per sequence. SmolLM2-135M shape.
 //
 //   linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]
-//                       [--head-dim D] [--only linear_attention,retnet,...]  (ops: each with its libtorch-chunks row)
+//                       [--head-dim D] [--only linear_attention,retnet+,...]  (ops: name+ adds its libtorch-chunks row)
 //
 // --quick runs the smallest sizes only (a check that everything runs). On CPU the sizes are cut down.
 #include <torch/torch.h>
@@ -134,8 +134,9 @@ void bench_ops(const Settings& s) {
                                      {"gated_deltanet (libtorch chunks)", 1, 2, false}};
   std::vector<OpKind> kinds;
   for (const auto& kind : all_kinds)
-    // A name picks its op and, where there is one, the op's libtorch-chunks row ("retnet" gives both).
-    if (s.only.empty() || std::find(s.only.begin(), s.only.end(), kind.name.substr(0, kind.name.find(' '))) != s.only.end())
+    // "name" picks that row; "name+" also the op's libtorch-chunks row ("retnet+": both RetNet rows).
+    if (s.only.empty() || std::find(s.only.begin(), s.only.end(), kind.name) != s.only.end() ||
+        std::find(s.only.begin(), s.only.end(), kind.name.substr(0, kind.name.find(' ')) + "+") != s.only.end())
       kinds.push_back(kind);
   const auto dt = gpu ? torch::kBFloat16 : torch::kFloat;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
@@ -430,7 +431,7 @@ void bench_decode(const Settings& s) {
 
 int usage() {
   std::cerr << "usage: linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]\n"
-               "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops; train: which mixers)\n";
+               "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops, name+ adds its libtorch-chunks row; train: which mixers)\n";
   return 2;
 }
 
