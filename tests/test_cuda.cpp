@@ -270,7 +270,7 @@ TEST(CudaOps, FusedScalarDecayChunkMatchesFp32) {
   }
 }
 
-// The fused delta-rule walk (ops/cuda/chunk_delta_rule.cu, head size 64, no / fixed / scalar decay)
+// The fused delta-rule walk (ops/cuda/chunk_delta_rule.cu, head size 64, no or a scalar decay)
 // in bf16 and fp16 against the libtorch chunked form in fp32 on the same rounded inputs: o, final state
 // and the gradients of q, k, v, beta, h0 and the decay. The libtorch form run in the 16-bit dtype is
 // printed alongside as the round-off to expect.
@@ -282,7 +282,7 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
     int gate;
     torch::ScalarType dt;
   };
-  const std::vector<Case> cases = {{0, torch::kBFloat16}, {1, torch::kBFloat16}, {2, torch::kBFloat16}, {2, torch::kHalf}};
+  const std::vector<Case> cases = {{0, torch::kBFloat16}, {2, torch::kBFloat16}, {2, torch::kHalf}};
   for (const auto& c : cases) {
     const OpCase op{"delta", Family::DeltaRule, c.gate};
     SCOPED_TRACE("gate=" + std::to_string(c.gate));

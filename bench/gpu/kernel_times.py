@@ -14,9 +14,8 @@ from collections import defaultdict
 
 
 def short(name):
-    name = re.sub(r"\(.*", "", name)              # drop the argument list
-    name = re.sub(r"<.*>", "<...>", name)         # and template arguments
-    return name.replace("void ", "").strip()[:90]
+    name = re.sub(r"\(.*", "", name)  # drop the argument list
+    return name.replace("void ", "").strip()[:110]
 
 
 def main():

@@ -116,7 +116,7 @@ std::optional<torch::ScalarType> fused_chunk_dtype(const torch::Tensor& q, const
 // odd offset is copied.
 torch::Tensor aligned_rows(torch::Tensor t);
 
-// The chunked form of family B with no decay, a fixed or a scalar decay: the walk from the UT
+// The chunked form of family B with no decay or a scalar decay per step: the walk from the UT
 // transform's W and U on (ops/cuda/chunk_delta_rule.cu), when it applies: fused_chunk_dtype gives a
 // dtype and the head size is 64. Otherwise nothing, and delta_rule_chunk runs its libtorch walk.
 std::optional<torch::ScalarType> fused_delta_walk_dtype(const torch::Tensor& q, const torch::Tensor& k,

@@ -1,4 +1,4 @@
-// Family B with no decay, a fixed or a scalar decay: the chunk walk through the fused CUDA kernels of
+// Family B with no decay or a scalar decay per step: the chunk walk through the fused CUDA kernels of
 // ops/cuda/chunk_delta_rule.cu, from the UT transform's W and U on (delta_rule_chunk computes those in
 // libtorch and autograd carries their gradients back to k, v, beta and g).
 //
@@ -70,7 +70,10 @@ struct DeltaWalkFunction : public torch::autograd::Function<DeltaWalkFunction> {
 std::optional<torch::ScalarType> fused_delta_walk_dtype(const torch::Tensor& q, const torch::Tensor& k,
                                                         const torch::Tensor& v, GateKind kind, int64_t chunk) {
 #ifdef LINEARIZE_WITH_CUDA
-  if (kind == GateKind::Vector) return std::nullopt;
+  // A fixed decay per head takes the libtorch walk: its gradient is the sum of the per-step ones over B
+  // and T, where the row-sum identity's cancelling terms cost too much precision (6e-2 against fp32 on
+  // bf16 inputs, where the scalar decay gets 6e-3). No mixer uses a fixed decay with the delta rule.
+  if (kind == GateKind::Vector || kind == GateKind::Fixed) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::delta_walk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
   return dt;
