@@ -12,8 +12,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "compat/torch_compat.h"
@@ -270,7 +272,70 @@ TEST(CudaOps, FusedScalarDecayChunkMatchesFp32) {
   }
 }
 
-// The fused delta-rule walk (ops/cuda/chunk_delta_rule.cu, head size 64, no or a scalar decay)
+// The fused UT transform (ops/cuda/ut_transform.cu) against the transform written out with libtorch ops
+// in fp32 on the same bf16-representable inputs: W, U and the gradients of k, v, beta and the decay,
+// T = 150 (a partial last chunk), no decay and a scalar decay.
+TEST(CudaOps, FusedUtTransformMatchesFp32) {
+  REQUIRE_CUDA();
+  NoTf32 no_tf32;
+  const int64_t B = 2, T = 150, H = 3, D = 64, C = 64, N = 3, Tp = N * C;
+  for (int gate : {0, 2}) {
+    SCOPED_TRACE("gate=" + std::to_string(gate));
+    torch::manual_seed(30 + gate);
+    auto base = to_device(random_inputs({"delta", Family::DeltaRule, gate}, B, T, H, D, D), torch::kCUDA, false);
+    for (auto* t : {&base.k, &base.v}) *t = t->to(torch::kBFloat16).to(torch::kFloat);
+    auto dW = torch::randn({B, H, Tp, D}, torch::kCUDA), dU = torch::randn({B, H, Tp, D}, torch::kCUDA);
+    const auto kind = gate == 0 ? ops::detail::GateKind::None : ops::detail::GateKind::Scalar;
+
+    auto run = [&](bool fused) {
+      const auto dt = fused ? torch::kBFloat16 : torch::kFloat;
+      auto k = base.k.to(dt).requires_grad_(true), v = base.v.to(dt).requires_grad_(true);
+      auto beta = base.beta.clone().requires_grad_(true);
+      auto g = base.g.defined() ? base.g.clone().requires_grad_(true) : torch::Tensor();
+      torch::Tensor W, U;
+      if (fused) {
+        std::tie(W, U) = ops::detail::fused_ut_transform(k, v, beta, g, kind, dt);
+      } else {
+        auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,...] -> [B,H,N,C,...] zero past T
+          auto h = x.transpose(1, 2);
+          auto shape = h.sizes().vec();
+          shape[2] = Tp - T;
+          return torch::cat({h, torch::zeros(shape, h.options())}, 2).reshape({B, H, N, C, -1});
+        };
+        auto Kc = chunked(k), Vc = chunked(v), bt = chunked(beta.unsqueeze(-1));  // bt [B,H,N,C,1]
+        auto G = g.defined() ? chunked(g.unsqueeze(-1)).squeeze(-1).cumsum(-1) : torch::zeros({B, H, N, C}, k.options());
+        auto strict = torch::ones({C, C}, torch::dtype(torch::kBool).device(torch::kCUDA)).tril(-1);
+        auto decay = (G.unsqueeze(-1) - G.unsqueeze(-2)).masked_fill(~strict, -INFINITY).exp();  // [B,H,N,C,C]
+        auto Kb = Kc * bt;
+        auto A = Kb.matmul(Kc.transpose(-1, -2)) * decay + torch::eye(C, k.options());
+        auto solve = [&](const torch::Tensor& R) {
+          return torch::linalg_solve_triangular(A, R, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+        };
+        W = solve(Kb * G.exp().unsqueeze(-1)).reshape({B, H, Tp, D});
+        U = solve(Vc * bt).reshape({B, H, Tp, D});
+      }
+      ((W.to(torch::kFloat) * dW).sum() + (U.to(torch::kFloat) * dU).sum()).backward();
+      std::vector<torch::Tensor> out = {W, U, k.grad(), v.grad(), beta.grad()};
+      if (g.defined()) out.push_back(g.grad());
+      return out;
+    };
+    auto ref = run(false), fused = run(true);
+    const char* names[] = {"W", "U", "dk", "dv", "dbeta", "dg"};
+    std::string line;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(fused[i].defined()) << names[i];
+      const double e = rel_err(fused[i], ref[i]);
+      EXPECT_LE(e, 3e-2) << names[i];
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "  %s %.1e", names[i], e);
+      line += buf;
+    }
+    EXPECT_EQ(fused[0].scalar_type(), torch::kBFloat16);
+    std::printf("[cuda-fused-ut] gate=%d:%s\n", gate, line.c_str());
+  }
+}
+
+// The fused delta rule (the UT transform and the walk of ops/cuda, head size 64, no or a scalar decay)
 // in bf16 and fp16 against the libtorch chunked form in fp32 on the same rounded inputs: o, final state
 // and the gradients of q, k, v, beta, h0 and the decay. The libtorch form run in the 16-bit dtype is
 // printed alongside as the round-off to expect.
@@ -308,7 +373,7 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
       auto in = to_device(base, torch::kCUDA, false);
       for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
       const auto kind = ops::detail::gate_kind(in.g, B, T, H, D, "test");
-      ASSERT_TRUE(ops::detail::fused_delta_walk_dtype(in.q, in.k, in.v, kind, 64).has_value())
+      ASSERT_TRUE(ops::detail::fused_delta_rule_dtype(in.q, in.k, in.v, kind, 64).has_value())
           << "the fused walk should take this case";
     }
     auto ref = run(torch::kFloat, false), fused = run(c.dt, true), plain = run(c.dt, false);

@@ -116,17 +116,22 @@ std::optional<torch::ScalarType> fused_chunk_dtype(const torch::Tensor& q, const
 // odd offset is copied.
 torch::Tensor aligned_rows(torch::Tensor t);
 
-// The chunked form of family B with no decay or a scalar decay per step: the walk from the UT
-// transform's W and U on (ops/cuda/chunk_delta_rule.cu), when it applies: fused_chunk_dtype gives a
-// dtype and the head size is 64. Otherwise nothing, and delta_rule_chunk runs its libtorch walk.
-std::optional<torch::ScalarType> fused_delta_walk_dtype(const torch::Tensor& q, const torch::Tensor& k,
+// The chunked form of family B with no decay or a scalar decay per step as fused CUDA kernels: the UT
+// transform (ops/cuda/ut_transform.cu) and the walk over the chunks (ops/cuda/chunk_delta_rule.cu), when
+// they apply: fused_chunk_dtype gives a dtype and the head size is 64. Otherwise nothing, and
+// delta_rule_chunk runs its libtorch form.
+std::optional<torch::ScalarType> fused_delta_rule_dtype(const torch::Tensor& q, const torch::Tensor& k,
                                                         const torch::Tensor& v, GateKind kind, int64_t chunk);
-// o and the final state from the walk. q, k [B,T,H,64] as the op got them; W, U [B,H,N,C,64] from the
-// UT transform (differentiable); g the op's gate; dt from fused_delta_walk_dtype. Differentiable in q,
-// k, W, U, g and h0.
-OpResult fused_delta_walk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& W,
-                          const torch::Tensor& U, const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
-                          double scale, torch::ScalarType dt);
+// delta_rule_chunk's result through the kernels; dt from fused_delta_rule_dtype. Differentiable in q, k, v,
+// beta, g and h0.
+OpResult fused_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
+                                const torch::Tensor& h0, double scale, torch::ScalarType dt);
+// The UT transform alone: W and U [B,H,N*64,64] in dt (zero past T) from k, v [B,T,H,64], beta [B,T,H] and
+// the gate g (none or scalar). Differentiable in k, v, beta and g.
+std::pair<torch::Tensor, torch::Tensor> fused_ut_transform(const torch::Tensor& k, const torch::Tensor& v,
+                                                           const torch::Tensor& beta, const torch::Tensor& g,
+                                                           GateKind kind, torch::ScalarType dt);
 
 // The decay's gradient through the fused walk, from the row sums its backward gives: with b_t the
 // cumulative log decay, q_t enters as q_t e^{b_t}, k_t as k_t e^{-b_t}, the final state as e^{b_T} times its

@@ -118,4 +118,22 @@ DeltaWalkGrads delta_walk_backward(const torch::Tensor& q, const torch::Tensor& 
                                    const torch::Tensor& d_out, const torch::Tensor& d_final, double scale,
                                    bool want_d_initial, bool want_row_dots);
 
+// The delta rule's UT transform per chunk of 64 (ops/cuda/ut_transform.cu), no decay or a scalar decay:
+// W = (I + L)^{-1} diag(beta e^G) k and U = (I + L)^{-1} diag(beta) v with L the strictly lower
+// diag(beta) k k^T ⊙ exp(G_i - G_j). k, v [B,T,H,64] contiguous, one 16-bit dtype; beta [B,H,T] fp32; g
+// [B,H,T] fp32 per-step log decay or undefined. Returns w, u [B,H,N*64,64] (k's dtype, zero past T: the
+// layout delta_walk_forward reads) and every chunk's (I + L)^{-1} [B,H,N,64,64] fp32 for the backward.
+struct UtForward {
+  torch::Tensor w, u, inverse;
+};
+UtForward ut_transform_forward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
+                               const torch::Tensor& g);
+// Its backward given dw, du [B,H,N*64,64] (k's dtype): dk, dv (k's dtype), dbeta and, with g, dg [B,H,T] fp32.
+struct UtGrads {
+  torch::Tensor dk, dv, dbeta, dg;
+};
+UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
+                              const torch::Tensor& g, const torch::Tensor& inverse, const torch::Tensor& dw,
+                              const torch::Tensor& du);
+
 }  // namespace linearize::ops::cuda_kernels

@@ -9,8 +9,8 @@
 //   O  = scale (Q ⊙ e^G) S^(n) + Aqk V'
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V'
 // The solve is detail::solve_unit_lower (linalg_solve_triangular, or on CUDA the chunk's inverse from a
-// kernel applied as one batched product). On CUDA with head size 64 and no or a scalar decay, everything
-// after the solve runs as fused kernels instead (detail::fused_delta_walk).
+// kernel applied as one batched product). On CUDA with head size 64 and no or a scalar decay the whole
+// form runs as fused kernels instead (detail::fused_delta_rule_chunk).
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; g undefined / [H] / [B,T,H] / [B,T,H,K]; inside,
 // [B,H,N,C,D]. T is zero-padded to a multiple of C (q, k, v, g and beta zero: padded steps are
@@ -31,6 +31,10 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
     throw Error("delta_rule_chunk: expected beta [B,T,H] = [" + std::to_string(B) + ", " +
                 std::to_string(T) + ", " + std::to_string(H) + "]");
   const auto kind = detail::gate_kind(g, B, T, H, K, "delta_rule_chunk");
+  // Head size 64 on CUDA in bf16/fp16 (or under autocast), no or a scalar decay: the same math as fused
+  // kernels (delta_rule_ops/fused_chunk.cpp).
+  if (const auto fused_dt = detail::fused_delta_rule_dtype(q, k, v, kind, chunk))
+    return detail::fused_delta_rule_chunk(q, k, v, beta, g, kind, h0, scale, *fused_dt);
   const auto dt = detail::compute_dtype(v), op_dt = detail::operand_dtype(v);
   const int64_t C = chunk, Tp = detail::round_up(T, C), N = Tp / C;
 
@@ -46,38 +50,32 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
     G = (kind == GateKind::Vector ? gh.reshape({B, H, N, C, K}) : gh.reshape({B, H, N, C})).cumsum(3);
   }
 
-  // With head size 64 on CUDA in bf16/fp16 (or under autocast), the walk after the UT transform runs as
-  // fused kernels (delta_rule_ops/fused_chunk.cpp); it forms the scores of Q itself.
-  const auto walk_dt = detail::fused_delta_walk_dtype(q, k, v, kind, chunk);
   auto Kb = Kc * bt;                                                  // [B,H,N,C,K]
   // Scores of beta*K (strictly lower: L) and of Q (diagonal included: Aqk) against K, sharing the decay.
-  auto scores = detail::gated_scores(walk_dt ? std::vector<torch::Tensor>{Kb} : std::vector<torch::Tensor>{Kb, Q},
-                                     Kc, G, /*strict=*/false);
-  auto L = scores[0].tril(-1);  // [B,H,N,C,C]
+  auto scores = detail::gated_scores({Kb, Q}, Kc, G, /*strict=*/false);
+  auto L = scores[0].tril(-1);     // [B,H,N,C,C]
+  auto Aqk = scores[1] * scale;    // [B,H,N,C,C]
 
-  torch::Tensor eG;  // e^G: [B,H,N,C,K] (vector) or [B,H,N,C,1]
-  if (kind == GateKind::Vector) eG = G.exp();
-  else if (kind != GateKind::None) eG = G.exp().unsqueeze(-1);
-  auto Kg = eG.defined() ? Kb * eG : Kb;  // diag(beta)(K ⊙ e^G)
-
-  // W and U from one unit-lower-triangular solve: (I + L) [W U] = [Kg, diag(beta) V].
-  auto WU = detail::solve_unit_lower(L, torch::cat({Kg, Vc * bt}, -1));  // [B,H,N,C,K+V]
-  auto W = WU.narrow(-1, 0, K), U = WU.narrow(-1, K, V);
-  if (walk_dt) return detail::fused_delta_walk(q, k, W, U, g, kind, h0, scale, *walk_dt);
-
-  auto Aqk = scores[1] * scale;  // [B,H,N,C,C]
-  torch::Tensor Qg = Q * scale, Kd = Kc, D;
+  torch::Tensor Qg = Q * scale, Kd = Kc, Kg = Kb, D;  // Kg = diag(beta)(K ⊙ e^G)
   if (kind == GateKind::Vector) {
     auto Glast = G.select(3, C - 1).unsqueeze(3);  // [B,H,N,1,K]
+    auto eG = G.exp();                             // [B,H,N,C,K]
     Qg = Qg * eG;
+    Kg = Kb * eG;
     Kd = Kc * (Glast - G).exp();
     D = Glast.squeeze(3).exp().unsqueeze(-1);  // [B,H,N,K,1]
   } else if (kind != GateKind::None) {
     auto Glast = G.select(3, C - 1).unsqueeze(3);  // [B,H,N,1]
+    auto eG = G.exp().unsqueeze(-1);               // [B,H,N,C,1]
     Qg = Qg * eG;
+    Kg = Kb * eG;
     Kd = Kc * (Glast - G).exp().unsqueeze(-1);
     D = Glast.exp().unsqueeze(-1);  // [B,H,N,1,1]
   }
+
+  // W and U from one unit-lower-triangular solve: (I + L) [W U] = [Kg, diag(beta) V].
+  auto WU = detail::solve_unit_lower(L, torch::cat({Kg, Vc * bt}, -1));  // [B,H,N,C,K+V]
+  auto W = WU.narrow(-1, 0, K), U = WU.narrow(-1, K, V);
   auto KdT = Kd.transpose(-1, -2);  // [B,H,N,K,C]
 
   auto S0 = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]

@@ -1,10 +1,11 @@
-// Family B with no decay or a scalar decay per step: the chunk walk through the fused CUDA kernels of
-// ops/cuda/chunk_delta_rule.cu, from the UT transform's W and U on (delta_rule_chunk computes those in
-// libtorch and autograd carries their gradients back to k, v, beta and g).
+// Family B with no decay or a scalar decay per step through fused CUDA kernels, head size 64: the UT
+// transform per chunk (ops/cuda/ut_transform.cu: W, U and their backward) and the walk over the chunks
+// from W and U on (ops/cuda/chunk_delta_rule.cu: V' = U - W S, the output, the state; one reverse walk
+// back). Two autograd functions, so autograd carries dW and dU from the walk into the transform.
 //
-// The kernels give o, the final state, dq, dk, dW, dU and dh0. The walk's share of the decay's gradient
-// comes from the row sums q·dq, k·dk and w·dw (walk_decay_gradient, common.h, says why); the UT
-// transform's share flows through autograd as for the libtorch walk.
+// The walk's kernels give o, the final state, dq, dk, dW, dU and dh0; its share of the decay's gradient
+// comes from the row sums q·dq, k·dk and w·dw (walk_decay_gradient, common.h, says why). The transform's
+// backward kernel gives its own dk, dv, dbeta and dg.
 #include <cstdint>
 #include <stdexcept>
 
@@ -64,13 +65,37 @@ struct DeltaWalkFunction : public torch::autograd::Function<DeltaWalkFunction> {
   }
 };
 
+// Inputs k, v [B,T,H,64] (one 16-bit dtype, contiguous), beta [B,H,T] fp32, g [B,H,T] fp32 or empty.
+struct UtTransformFunction : public torch::autograd::Function<UtTransformFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& k, const torch::Tensor& v,
+                               const torch::Tensor& beta, const torch::Tensor& g) {
+    auto r = cuda_kernels::ut_transform_forward(k, v, beta, present(g));
+    ctx->save_for_backward({k, v, beta, g});
+    ctx->saved_data["inverse"] = r.inverse;
+    return {r.w, r.u};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &k = saved[0], &v = saved[1], &beta = saved[2];
+    const auto g = present(saved[3]);
+    const auto inverse = ctx->saved_data["inverse"].toTensor();  // [B,H,N,64,64]
+    auto as_grad = [&](const torch::Tensor& d) {  // [B,H,N*64,64] in k's dtype
+      if (d.defined()) return aligned_rows(d.to(k.scalar_type()));
+      return torch::zeros({k.size(0), k.size(2), inverse.size(2) * inverse.size(3), k.size(3)}, k.options());
+    };
+    auto r = cuda_kernels::ut_transform_backward(k, v, beta, g, inverse, as_grad(grads[0]), as_grad(grads[1]));
+    return {r.dk, r.dv, r.dbeta, g.defined() ? r.dg : torch::Tensor()};
+  }
+};
+
 }  // namespace
 #endif
 
-std::optional<torch::ScalarType> fused_delta_walk_dtype(const torch::Tensor& q, const torch::Tensor& k,
+std::optional<torch::ScalarType> fused_delta_rule_dtype(const torch::Tensor& q, const torch::Tensor& k,
                                                         const torch::Tensor& v, GateKind kind, int64_t chunk) {
 #ifdef LINEARIZE_WITH_CUDA
-  // A fixed decay per head takes the libtorch walk: its gradient is the sum of the per-step ones over B
+  // A fixed decay per head takes the libtorch form: its gradient is the sum of the per-step ones over B
   // and T, where the row-sum identity's cancelling terms cost too much precision (6e-2 against fp32 on
   // bf16 inputs, where the scalar decay gets 6e-3). No mixer uses a fixed decay with the delta rule.
   if (kind == GateKind::Vector || kind == GateKind::Fixed) return std::nullopt;
@@ -83,21 +108,37 @@ std::optional<torch::ScalarType> fused_delta_walk_dtype(const torch::Tensor& q, 
 #endif
 }
 
-OpResult fused_delta_walk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& W,
-                          const torch::Tensor& U, const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
-                          double scale, torch::ScalarType dt) {
+std::pair<torch::Tensor, torch::Tensor> fused_ut_transform(const torch::Tensor& k, const torch::Tensor& v,
+                                                           const torch::Tensor& beta, const torch::Tensor& g,
+                                                           GateKind kind, torch::ScalarType dt) {
 #ifdef LINEARIZE_WITH_CUDA
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Tp = W.size(2) * W.size(3);
+  const int64_t B = k.size(0), T = k.size(1);
+  const auto empty = torch::empty({0}, k.options().dtype(torch::kFloat));
+  auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
+  auto bh = beta.to(torch::kFloat).transpose(1, 2).contiguous();                                          // [B,H,T]
+  auto out = UtTransformFunction::apply(aligned_rows(k.to(dt)), aligned_rows(v.to(dt)), bh, gh);
+  return {out[0], out[1]};
+#else
+  (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)dt;
+  throw std::logic_error("fused_ut_transform: not compiled in (CPU build)");
+#endif
+}
+
+OpResult fused_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
+                                const torch::Tensor& h0, double scale, torch::ScalarType dt) {
+#ifdef LINEARIZE_WITH_CUDA
+  const int64_t B = q.size(0), T = q.size(1);
+  auto [W, U] = fused_ut_transform(k, v, beta, g, kind, dt);  // [B,H,N*64,64]
   const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
   auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
   auto S0 = h0.defined() ? aligned_rows(h0.to(torch::kFloat)) : empty;
-  auto rows = [&](const torch::Tensor& x) { return aligned_rows(x.reshape({B, H, Tp, x.size(-1)}).to(dt)); };
   auto operand = [&](const torch::Tensor& t) { return aligned_rows(t.to(dt)); };
-  auto out = DeltaWalkFunction::apply(operand(q), operand(k), rows(W), rows(U), gh, S0, scale);
-  return OpResult{out[0].to(q.scalar_type()), out[1]};  // q, k, v share one dtype here
+  auto out = DeltaWalkFunction::apply(operand(q), operand(k), W, U, gh, S0, scale);
+  return OpResult{out[0].to(v.scalar_type()), out[1]};
 #else
-  (void)q, (void)k, (void)W, (void)U, (void)g, (void)kind, (void)h0, (void)scale, (void)dt;
-  throw std::logic_error("fused_delta_walk: not compiled in (CPU build)");
+  (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)dt;
+  throw std::logic_error("fused_delta_rule_chunk: not compiled in (CPU build)");
 #endif
 }
 

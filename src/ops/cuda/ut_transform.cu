@@ -1,0 +1,443 @@
+// The delta rule's UT transform per chunk of 64 (no decay or a scalar decay per step), forward and
+// backward, one thread block per (chunk, batch*head), head size 64:
+//   Kb = diag(beta) k,  Kg = diag(beta e^G) k,  Vb = diag(beta) v              (16-bit, as the products read them)
+//   L[i,j] = (Kb_i · k_j) exp(G_i - G_j) for j < i, 0 on and above the diagonal  (fp32)
+//   T = (I + L)^{-1}                  (fp32, forward substitution, one thread per column)
+//   W = T Kg,  U = T Vb               (tensor cores, T read through a 16-bit copy)
+// Backward, given dW and dU:
+//   dKg = T^T dW,  dVb = T^T dU,  dT = dW Kg^T + dU Vb^T
+//   dL = -T^T dT T^T (strictly lower; fp32 on CUDA cores: it is a difference of close terms)
+//   R = dL ⊙ exp(G_i - G_j):  dKb = R k,  dk = R^T Kb + beta dKb + beta e^G dKg,  dv = beta dVb
+//   dbeta = k·dKb + e^G k·dKg + v·dVb,   dG = beta e^G k·dKg + rowsum(dL ⊙ L) - colsum(dL ⊙ L)
+//   dg = the reverse cumulative sum of dG within the chunk.
+// The forward keeps T (fp32) for the backward. G is the chunk-local cumulative log decay (zero
+// without a gate); rows past T are zeros.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "ops/cuda/chunk_tiles.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+constexpr int kD = 64;  // head size (K = V)
+
+struct Sizes {
+  static constexpr int ld = kD + 8, ldc = kC + 8, ld32 = kD + 4;  // kC = kD: one fp32 stride for all
+  static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);
+  static constexpr size_t mat32 = round32(size_t{kC} * ld32 * 4);
+  static constexpr size_t vec = round32(kC * 4);
+};
+
+// Forward: k, v, Kb, Kg, Vb (16-bit), L and T (fp32), T16, gates and beta; W is staged where L was and U
+// where k and v were. About 89 KiB: two blocks per SM.
+struct ForwardSmem : Sizes {
+  static constexpr size_t k = 0, v = k + rows16, kb = v + rows16, kg = kb + rows16, vb = kg + rows16;
+  static constexpr size_t L = vb + rows16, T = L + mat32, T16 = T + mat32, gate = T16 + rows16;
+  static constexpr size_t beta = gate + 3 * vec, bytes = beta + vec;
+  static constexpr size_t stage0 = L, stage1 = k;
+  static_assert(2 * rows16 >= mat32, "U's staging fits where k and v were");
+};
+
+// Backward: k, v, Kb, Kg, Vb, dW, dU (16-bit), T, L, dT then dL ⊙ L, X then staging, T16, R16, gates,
+// beta and the per-row sums. About 150 KiB.
+struct BackwardSmem : Sizes {
+  static constexpr size_t k = 0, v = k + rows16, kb = v + rows16, kg = kb + rows16, vb = kg + rows16;
+  static constexpr size_t dw = vb + rows16, du = dw + rows16, T = du + rows16, L = T + mat32;
+  static constexpr size_t a = L + mat32, b = a + mat32, T16 = b + mat32, R16 = T16 + rows16;
+  static constexpr size_t gate = R16 + rows16, beta = gate + 3 * vec, dbeta = beta + vec, dG = dbeta + vec;
+  static constexpr size_t bytes = dG + vec;
+};
+
+struct UtShape {
+  int B, T, H, N;
+};
+
+// Where one block's data lie: rows of k, v (and dk, dv) in [B, T, H, 64]; rows of w, u in
+// [B*H, N*64, 64]; beta, g, dbeta, dg in [B*H, T]; T in [B*H, N, 64, 64].
+struct ChunkAt {
+  int n, bh, t0;
+  size_t head, row, chunked, steps, inverse;
+  __device__ explicit ChunkAt(const UtShape& p) {
+    n = blockIdx.x, bh = blockIdx.y, t0 = n * kC;
+    const int b = bh / p.H, h = bh % p.H;
+    row = static_cast<size_t>(p.H) * kD;
+    head = (static_cast<size_t>(b) * p.T * p.H + h) * kD;
+    chunked = static_cast<size_t>(bh) * p.N * kC * kD;
+    steps = static_cast<size_t>(bh) * p.T;
+    inverse = (static_cast<size_t>(bh) * p.N + n) * kC * kC;
+  }
+};
+
+template <typename E>
+__device__ E from_float(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
+
+template <typename T>
+__device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
+  return reinterpret_cast<T*>(smem + offset);
+}
+
+// beta of the chunk's rows (zeros past T) and the gates (chunk_gates: G, e^G, e^{Gl-G}).
+__device__ void load_beta_and_gates(float* beta, float* G, const float* __restrict__ b, const float* __restrict__ g,
+                                    const ChunkAt& at, int T) {
+  if (threadIdx.x < kC) {
+    const int t = at.t0 + threadIdx.x;
+    beta[threadIdx.x] = t < T ? b[at.steps + t] : 0.f;
+  }
+  chunk_gates(G, fetch_gates(g != nullptr ? g + at.steps : nullptr, at.t0, T));
+}
+
+// Kb = beta k, Kg = beta e^G k, Vb = beta v (16-bit [C, ld]).
+template <typename E>
+__device__ void scaled_rows(E* Kb, E* Kg, E* Vb, const E* k, const E* v, const float* beta, const float* eG, int ld) {
+  for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
+    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
+    float kr[8], vr[8], a[8], b[8], d[8];
+    unpack8<E>(*reinterpret_cast<const uint4*>(k + r * ld + c), kr);
+    unpack8<E>(*reinterpret_cast<const uint4*>(v + r * ld + c), vr);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = kr[j] * beta[r], b[j] = a[j] * eG[r], d[j] = vr[j] * beta[r];
+    *reinterpret_cast<uint4*>(Kb + r * ld + c) = pack8<E>(a);
+    *reinterpret_cast<uint4*>(Kg + r * ld + c) = pack8<E>(b);
+    *reinterpret_cast<uint4*>(Vb + r * ld + c) = pack8<E>(d);
+  }
+}
+
+// L = strictly lower part of (Kb k^T) ⊙ exp(G_i - G_j), fp32 [C, ld32], from the raw scores in place.
+template <typename E>
+__device__ void decayed_scores(float* L, const E* Kb, const E* k, const float* G) {
+  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) score_tile<kD>(L, Sizes::ld32, Kb, k, Sizes::ld, t);
+  __syncthreads();
+  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
+    const int i = e / kC, j = e % kC;
+    float& x = L[i * Sizes::ld32 + j];
+    x = j < i ? x * __expf(G[i] - G[j]) : 0.f;  // tiles above the diagonal were never written
+  }
+}
+
+// T = (I + L)^{-1}: thread c < C solves column c by forward substitution (L reads are broadcasts).
+__device__ void unit_lower_inverse_columns(float* T, const float* L) {
+  const int c = threadIdx.x;
+  if (c >= kC) return;
+  for (int r = 0; r < kC; ++r) {
+    float x = r == c ? 1.f : 0.f;
+    for (int j = c; j < r; ++j) x -= L[r * Sizes::ld32 + j] * T[j * Sizes::ld32 + c];
+    T[r * Sizes::ld32 + c] = x;  // zero above the diagonal (r < c)
+  }
+}
+
+// fp32 [C, ld32] -> 16-bit [C, ld].
+template <typename E>
+__device__ void to16(E* dst, const float* src) {
+  for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
+    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
+    float f[8];
+    load8(src + r * Sizes::ld32 + c, f);
+    *reinterpret_cast<uint4*>(dst + r * Sizes::ld + c) = pack8<E>(f);
+  }
+}
+
+template <typename E>
+__global__ void __launch_bounds__(kThreads)
+    ut_forward_kernel(const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ beta,
+                      const float* __restrict__ g, E* __restrict__ w, E* __restrict__ u, float* __restrict__ inverse,
+                      UtShape p) {
+  using S = ForwardSmem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kb = view<E>(smem, S::kb), *Kg = view<E>(smem, S::kg);
+  E *Vb = view<E>(smem, S::vb), *T16 = view<E>(smem, S::T16);
+  float *L = view<float>(smem, S::L), *T = view<float>(smem, S::T), *stage0 = view<float>(smem, S::stage0);
+  float *stage1 = view<float>(smem, S::stage1), *G = view<float>(smem, S::gate), *sb = view<float>(smem, S::beta);
+  const ChunkAt at(p);
+  {
+    RowPrefetch<kD, E> rk, rv;
+    rk.fetch(k + at.head, at.row, at.t0, p.T), rv.fetch(v + at.head, at.row, at.t0, p.T);
+    rk.put(sk, S::ld), rv.put(sv, S::ld);
+  }
+  load_beta_and_gates(sb, G, beta, g, at, p.T);
+  __syncthreads();
+  scaled_rows(Kb, Kg, Vb, sk, sv, sb, G + kC, S::ld);
+  __syncthreads();
+  decayed_scores(L, Kb, sk, G);
+  __syncthreads();
+  unit_lower_inverse_columns(T, L);
+  __syncthreads();
+  to16(T16, T);
+  float* Tg = inverse + at.inverse;
+  for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
+    const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
+    reinterpret_cast<float4*>(Tg)[i] = *reinterpret_cast<const float4*>(T + r * S::ld32 + c);
+  }
+  __syncthreads();
+  // W = T Kg into stage0, U = T Vb into stage1 (T lower: tiles s <= R only).
+  constexpr int kTiles = kRowTiles * (kD / 16);
+  for (int t = threadIdx.x / 32; t < 2 * kTiles; t += kWarps) {
+    const bool for_u = t >= kTiles;
+    const int R = (t % kTiles) / (kD / 16), Cc = (t % kTiles) % (kD / 16);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    product_tile<false, false>(acc, T16, S::ld, for_u ? Vb : Kg, S::ld, R, Cc, 0, R + 1);
+    wmma::store_matrix_sync((for_u ? stage1 : stage0) + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
+  }
+  __syncthreads();
+  const int Tp = p.N * kC;
+  store_rows<kD>(w + at.chunked, kD, at.t0, Tp, stage0, S::ld32);
+  store_rows<kD>(u + at.chunked, kD, at.t0, Tp, stage1, S::ld32);
+}
+
+// Sum of `part` over the D / 8 consecutive threads that hold one row (store_rows' layout).
+__device__ __forceinline__ float row_sum(float part) {
+#pragma unroll
+  for (int off = kD / 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
+  return part;
+}
+
+template <typename E>
+__global__ void __launch_bounds__(kThreads)
+    ut_backward_kernel(const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ beta,
+                       const float* __restrict__ g, const float* __restrict__ inverse, const E* __restrict__ dw,
+                       const E* __restrict__ du, E* __restrict__ dk, E* __restrict__ dv, float* __restrict__ dbeta,
+                       float* __restrict__ dg, UtShape p) {
+  using S = BackwardSmem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kb = view<E>(smem, S::kb), *Kg = view<E>(smem, S::kg);
+  E *Vb = view<E>(smem, S::vb), *sdw = view<E>(smem, S::dw), *sdu = view<E>(smem, S::du);
+  E *T16 = view<E>(smem, S::T16), *R16 = view<E>(smem, S::R16);
+  float *T = view<float>(smem, S::T), *L = view<float>(smem, S::L), *A = view<float>(smem, S::a);
+  float *Bm = view<float>(smem, S::b), *G = view<float>(smem, S::gate), *eG = G + kC, *sb = view<float>(smem, S::beta);
+  float *sdbeta = view<float>(smem, S::dbeta), *sdG = view<float>(smem, S::dG);
+  const ChunkAt at(p);
+  const int Tp = p.N * kC;
+  {
+    RowPrefetch<kD, E> rk, rv, rw, ru;
+    rk.fetch(k + at.head, at.row, at.t0, p.T), rv.fetch(v + at.head, at.row, at.t0, p.T);
+    rw.fetch(dw + at.chunked, kD, at.t0, Tp), ru.fetch(du + at.chunked, kD, at.t0, Tp);
+    rk.put(sk, S::ld), rv.put(sv, S::ld), rw.put(sdw, S::ld), ru.put(sdu, S::ld);
+  }
+  load_beta_and_gates(sb, G, beta, g, at, p.T);
+  const float* Tg = inverse + at.inverse;
+  for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
+    const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
+    *reinterpret_cast<float4*>(T + r * S::ld32 + c) = reinterpret_cast<const float4*>(Tg)[i];
+  }
+  __syncthreads();
+  scaled_rows(Kb, Kg, Vb, sk, sv, sb, eG, S::ld);
+  to16(T16, T);
+  __syncthreads();
+  // L again, and dT = dW Kg^T + dU Vb^T on and below the diagonal (into A; nothing above is read).
+  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
+    int R, Cc;
+    lower_tile(t, R, Cc);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    product_tile<false, true>(acc, sdw, S::ld, Kg, S::ld, R, Cc, 0, kD / 16);
+    product_tile<false, true>(acc, sdu, S::ld, Vb, S::ld, R, Cc, 0, kD / 16);
+    wmma::store_matrix_sync(A + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
+  }
+  decayed_scores(L, Kb, sk, G);  // its own barrier sits between its two passes
+  __syncthreads();
+  // X = dT_lower T^T into Bm: X[i][j] = Σ_{k <= min(i, j)} dT[i][k] T[j][k].
+  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
+    const int i = e / kC, j = e % kC, m = i < j ? i : j;
+    float x = 0.f;
+    for (int kk = 0; kk <= m; ++kk) x += A[i * S::ld32 + kk] * T[j * S::ld32 + kk];
+    Bm[i * S::ld32 + j] = x;
+  }
+  __syncthreads();
+  // dL = -T^T X below the diagonal: dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j]. R = dL ⊙ exp(G_i - G_j) (16-bit),
+  // and dL ⊙ L into A (dT is no longer needed).
+  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
+    const int i = e / kC, j = e % kC;
+    float d = 0.f;
+    if (j < i) {
+      for (int m = i; m < kC; ++m) d -= T[m * S::ld32 + i] * Bm[m * S::ld32 + j];
+    }
+    const float l = L[i * S::ld32 + j];
+    R16[i * S::ldc + j] = from_float<E>(j < i ? d * __expf(G[i] - G[j]) : 0.f);
+    A[i * S::ld32 + j] = d * l;
+  }
+  __syncthreads();
+  // dG from L: rowsum(dL ⊙ L) - colsum(dL ⊙ L); threads 0..63 rows, 64..127 columns.
+  if (threadIdx.x < 2 * kC) {
+    const int r = threadIdx.x % kC;
+    float s = 0.f;
+    if (threadIdx.x < kC) {
+      for (int j = 0; j < kC; ++j) s += A[r * S::ld32 + j];
+      sdG[r] = s;
+    } else {
+      for (int i = 0; i < kC; ++i) s += A[i * S::ld32 + r];
+      sdbeta[r] = s;  // the column sums, for a moment
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kC) sdG[threadIdx.x] -= sdbeta[threadIdx.x];
+  // dKb = R k into A, dKg = T^T dW into Bm.
+  constexpr int kTiles = kRowTiles * (kD / 16);
+  for (int t = threadIdx.x / 32; t < 2 * kTiles; t += kWarps) {
+    const bool second = t >= kTiles;
+    const int R = (t % kTiles) / (kD / 16), Cc = (t % kTiles) % (kD / 16);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    if (!second) product_tile<false, false>(acc, R16, S::ldc, sk, S::ld, R, Cc, 0, R + 1);
+    else product_tile<true, false>(acc, T16, S::ld, sdw, S::ld, R, Cc, R, kRowTiles);
+    wmma::store_matrix_sync((second ? Bm : A) + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
+  }
+  __syncthreads();
+  // Row pass: dk so far = beta dKb + beta e^G dKg (kept in registers); dbeta = k·dKb + e^G k·dKg; dG += beta e^G k·dKg.
+  constexpr int kItems = kC * kD / 8 / kThreads;  // 16-byte groups per thread
+  float dk_acc[kItems][8];
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int i = threadIdx.x + it * kThreads, r = i / (kD / 8), c = (i % (kD / 8)) * 8;
+    float kr[8], x[8], y[8], kx = 0.f, ky = 0.f;
+    unpack8<E>(*reinterpret_cast<const uint4*>(sk + r * S::ld + c), kr);
+    load8(A + r * S::ld32 + c, x);
+    load8(Bm + r * S::ld32 + c, y);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      dk_acc[it][j] = sb[r] * (x[j] + eG[r] * y[j]);
+      kx += kr[j] * x[j], ky += kr[j] * y[j];
+    }
+    kx = row_sum(kx), ky = row_sum(ky);
+    if (c == 0) sdbeta[r] = kx + eG[r] * ky, sdG[r] += sb[r] * eG[r] * ky;
+  }
+  __syncthreads();
+  // R^T Kb into A, dVb = T^T dU into Bm.
+  for (int t = threadIdx.x / 32; t < 2 * kTiles; t += kWarps) {
+    const bool second = t >= kTiles;
+    const int R = (t % kTiles) / (kD / 16), Cc = (t % kTiles) % (kD / 16);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    if (!second) product_tile<true, false>(acc, R16, S::ldc, Kb, S::ld, R, Cc, R, kRowTiles);
+    else product_tile<true, false>(acc, T16, S::ld, sdu, S::ld, R, Cc, R, kRowTiles);
+    wmma::store_matrix_sync((second ? Bm : A) + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
+  }
+  __syncthreads();
+  // dk = dk so far + R^T Kb; dv = beta dVb; dbeta += v·dVb.
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int i = threadIdx.x + it * kThreads, r = i / (kD / 8), c = (i % (kD / 8)) * 8;
+    const bool live = at.t0 + r < p.T;
+    float vr[8], x[8], y[8], vy = 0.f;
+    unpack8<E>(*reinterpret_cast<const uint4*>(sv + r * S::ld + c), vr);
+    load8(A + r * S::ld32 + c, x);
+    load8(Bm + r * S::ld32 + c, y);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      x[j] += dk_acc[it][j];
+      vy += vr[j] * y[j];
+      y[j] *= sb[r];
+    }
+    vy = row_sum(vy);
+    if (live) {
+      const size_t off = at.head + static_cast<size_t>(at.t0 + r) * at.row + c;
+      *reinterpret_cast<uint4*>(dk + off) = pack8<E>(x);
+      *reinterpret_cast<uint4*>(dv + off) = pack8<E>(y);
+    }
+    if (c == 0) sdbeta[r] += vy;
+  }
+  __syncthreads();
+  // dg = reverse cumulative sum of dG within the chunk (warp 0, two rows a lane); dbeta out.
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, r0 = kC - 2 - 2 * lane;  // lane 0 takes the last two rows
+    const float a = sdG[r0 + 1], b = sdG[r0];
+    float incl = a + b;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    const float after_b = incl, after_a = incl - b;  // Σ over rows >= r0, >= r0 + 1
+    const int t = at.t0 + r0;
+    if (g != nullptr) {
+      if (t < p.T) dg[at.steps + t] = after_b;
+      if (t + 1 < p.T) dg[at.steps + t + 1] = after_a;
+    }
+    if (t < p.T) dbeta[at.steps + t] = sdbeta[r0];
+    if (t + 1 < p.T) dbeta[at.steps + t + 1] = sdbeta[r0 + 1];
+  }
+}
+
+template <typename Fn>
+void dispatch(torch::ScalarType dt, Fn fn) {
+  if (dt == torch::kBFloat16) fn(__nv_bfloat16{});
+  else fn(__half{});
+}
+
+template <typename E>
+E* ptr(const torch::Tensor& t) {
+  return reinterpret_cast<E*>(t.data_ptr());
+}
+
+UtShape ut_shape(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta) {
+  const int64_t B = k.size(0), T = k.size(1), H = k.size(2);
+  TORCH_CHECK(delta_walk_supported(k.size(3), v.size(3), k.scalar_type()) && v.scalar_type() == k.scalar_type(),
+              "fused UT transform: expects k, v [B,T,H,64] in one of bf16, fp16; got k ", k.sizes(), " ",
+              k.scalar_type(), ", v ", v.sizes(), " ", v.scalar_type());
+  TORCH_CHECK(beta.sizes() == torch::IntArrayRef({B, H, T}) && beta.scalar_type() == torch::kFloat,
+              "fused UT transform: expects beta [B,H,T] fp32; got ", beta.sizes(), " ", beta.scalar_type());
+  return UtShape{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<int>((T + kC - 1) / kC)};
+}
+
+}  // namespace
+
+UtForward ut_transform_forward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
+                               const torch::Tensor& g) {
+  const UtShape p = ut_shape(k, v, beta);
+  const c10::cuda::CUDAGuard guard(k.device());
+  UtForward out;
+  out.w = torch::empty({p.B, p.H, p.N * kC, kD}, k.options());
+  out.u = torch::empty_like(out.w);
+  out.inverse = torch::empty({p.B, p.H, p.N, kC, kC}, k.options().dtype(torch::kFloat));
+  if (p.N == 0) return out;
+  dispatch(k.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    auto kernel = ut_forward_kernel<E>;
+    constexpr size_t smem = ForwardSmem::bytes;
+    allow_dynamic_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
+    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(ptr<E>(k), ptr<E>(v), beta.data_ptr<float>(),
+                                                                      ptr_or_null(g), ptr<E>(out.w), ptr<E>(out.u),
+                                                                      out.inverse.data_ptr<float>(), p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
+                              const torch::Tensor& g, const torch::Tensor& inverse, const torch::Tensor& dw,
+                              const torch::Tensor& du) {
+  const UtShape p = ut_shape(k, v, beta);
+  TORCH_CHECK(dw.sizes() == torch::IntArrayRef({p.B, p.H, p.N * kC, kD}) && du.sizes() == dw.sizes() &&
+                  dw.scalar_type() == k.scalar_type() && du.scalar_type() == k.scalar_type(),
+              "fused UT transform: dW, dU must be [B,H,N*64,64] in k's dtype");
+  const c10::cuda::CUDAGuard guard(k.device());
+  UtGrads out;
+  out.dk = torch::empty_like(k);
+  out.dv = torch::empty_like(v);
+  out.dbeta = torch::empty_like(beta);
+  if (g.defined()) out.dg = torch::empty_like(beta);
+  if (p.N == 0) return out;
+  dispatch(k.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    auto kernel = ut_backward_kernel<E>;
+    constexpr size_t smem = BackwardSmem::bytes;
+    allow_dynamic_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
+    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        ptr<E>(k), ptr<E>(v), beta.data_ptr<float>(), ptr_or_null(g), inverse.data_ptr<float>(), ptr<E>(dw),
+        ptr<E>(du), ptr<E>(out.dk), ptr<E>(out.dv), out.dbeta.data_ptr<float>(),
+        g.defined() ? out.dg.data_ptr<float>() : nullptr, p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+}  // namespace linearize::ops::cuda_kernels
