@@ -289,7 +289,7 @@ TEST(CudaOps, FusedUtTransformMatchesFp32) {
 
     auto run = [&](bool fused) {
       const auto dt = fused ? torch::kBFloat16 : torch::kFloat;
-      auto k = base.k.to(dt).requires_grad_(true), v = base.v.to(dt).requires_grad_(true);
+      auto k = base.k.to(dt).detach().requires_grad_(true), v = base.v.to(dt).detach().requires_grad_(true);
       auto beta = base.beta.clone().requires_grad_(true);
       auto g = base.g.defined() ? base.g.clone().requires_grad_(true) : torch::Tensor();
       torch::Tensor W, U;
