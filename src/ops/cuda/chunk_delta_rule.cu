@@ -202,7 +202,6 @@ __global__ void __launch_bounds__(kThreads)
     ndo.fetch(dout + rows.head, rows.row, t0, p.T), nS.fetch(states + rows.stored_state(n, p.N), D, 0, D);
     return fetch_gates(gh, t0, p.T);
   };
-  constexpr int kTiles = kRowTiles * (D / 16);  // 16x16 tiles of a [C, D] result
   float2 ng = fetch(p.N - 1);
   for (int n = p.N - 1; n >= 0; --n) {
     const int t0 = n * kC;
@@ -230,21 +229,16 @@ __global__ void __launch_bounds__(kThreads)
     scale_rows<D>(su, L::ld, eEnd, 1.f);  // e^{Gl - G} V'
     __syncthreads();
     // dk = dA^T q + (e^{Gl-G} V') dS'^T into stage0; dq = (scale e^G do) S^T + dA k into stage1.
-    for (int t = warp; t < 2 * kTiles; t += kWarps) {
-      const bool for_dq = t >= kTiles;
-      const int R = (t % kTiles) / (D / 16), Cc = (t % kTiles) % (D / 16);
-      Acc acc;
-      wmma::fill_fragment(acc, 0.f);
-      if (!for_dq) {
-        product_tile<true, false>(acc, dA16, L::ldc, sq, L::ld, R, Cc, R, kRowTiles);
-        product_tile<false, true>(acc, su, L::ld, dS16, L::ld, R, Cc, 0, D / 16);
-      } else {
-        product_tile<false, true>(acc, sdos, L::ld, sS, L::ld, R, Cc, 0, D / 16);
-        product_tile<false, false>(acc, dA16, L::ldc, sk, L::ld, R, Cc, 0, R + 1);
-      }
-      float* out = for_dq ? stage1 : stage0;
-      wmma::store_matrix_sync(out + R * 16 * L::ld32 + Cc * 16, acc, L::ld32, wmma::mem_row_major);
-    }
+    two_tiles_into_stage<D>(
+        stage0, stage1, L::ld32,
+        [&](Acc& acc, int R, int Cc) {
+          product_tile<true, false>(acc, dA16, L::ldc, sq, L::ld, R, Cc, R, kRowTiles);
+          product_tile<false, true>(acc, su, L::ld, dS16, L::ld, R, Cc, 0, D / 16);
+        },
+        [&](Acc& acc, int R, int Cc) {
+          product_tile<false, true>(acc, sdos, L::ld, sS, L::ld, R, Cc, 0, D / 16);
+          product_tile<false, false>(acc, dA16, L::ldc, sk, L::ld, R, Cc, 0, R + 1);
+        });
     __syncthreads();
     store_rows<D>(dk + rows.head, rows.row, t0, p.T, stage0, L::ld32, sk, L::ld, dots_k);
     store_rows<D>(dq + rows.head, rows.row, t0, p.T, stage1, L::ld32, sq, L::ld, dots_q);
@@ -275,17 +269,6 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // the next chunk's rows replace w
   }
   if (d_initial != nullptr) store_state<D, D>(d_initial + rows.state, dS, L::ld32);
-}
-
-template <typename Fn>
-void dispatch(torch::ScalarType dt, Fn fn) {
-  if (dt == torch::kBFloat16) fn(__nv_bfloat16{});
-  else fn(__half{});
-}
-
-template <typename E>
-E* ptr(const torch::Tensor& t) {
-  return reinterpret_cast<E*>(t.data_ptr());
 }
 
 // Checks the shapes the kernels assume; returns the launch shape.
@@ -324,14 +307,14 @@ DeltaWalkForward delta_walk_forward(const torch::Tensor& q, const torch::Tensor&
     out.final_state.copy_(h0.defined() ? h0 : torch::zeros_like(out.final_state));
     return out;
   }
-  dispatch(q.scalar_type(), [&](auto elem) {
+  dispatch_16bit(q.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
     auto kernel = delta_forward_kernel<E>;
     constexpr size_t smem = ForwardLayout::bytes;
     allow_dynamic_smem(kernel, smem);
     kernel<<<static_cast<unsigned>(p.B * p.H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        ptr<E>(q), ptr<E>(k), ptr<E>(w), ptr<E>(u), ptr_or_null(g), ptr_or_null(h0), ptr<E>(out.o),
-        out.final_state.data_ptr<float>(), ptr<E>(out.states), p);
+        data_as<E>(q), data_as<E>(k), data_as<E>(w), data_as<E>(u), ptr_or_null(g), ptr_or_null(h0), data_as<E>(out.o),
+        out.final_state.data_ptr<float>(), data_as<E>(out.states), p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
@@ -361,15 +344,15 @@ DeltaWalkGrads delta_walk_backward(const torch::Tensor& q, const torch::Tensor& 
     if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
     return out;
   }
-  dispatch(q.scalar_type(), [&](auto elem) {
+  dispatch_16bit(q.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
     auto kernel = delta_backward_kernel<E>;
     constexpr size_t smem = BackwardLayout::bytes;
     allow_dynamic_smem(kernel, smem);
     auto f = [&](const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
     kernel<<<static_cast<unsigned>(p.B * p.H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        ptr<E>(q), ptr<E>(k), ptr<E>(w), ptr<E>(u), ptr_or_null(g), ptr<E>(states), ptr<E>(d_out),
-        ptr_or_null(d_final), ptr<E>(out.dq), ptr<E>(out.dk), ptr<E>(out.dw), ptr<E>(out.du), f(out.d_initial),
+        data_as<E>(q), data_as<E>(k), data_as<E>(w), data_as<E>(u), ptr_or_null(g), data_as<E>(states), data_as<E>(d_out),
+        ptr_or_null(d_final), data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dw), data_as<E>(out.du), f(out.d_initial),
         f(out.dot_q), f(out.dot_k), f(out.dot_w), p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

@@ -263,13 +263,7 @@ void dispatch(int64_t K, int64_t V, torch::ScalarType dt, Fn fn) {
     if (K == 64) fn(I64{}, I64{}, elem);
     else fn(I128{}, I128{}, elem);
   };
-  if (dt == torch::kBFloat16) by_size(__nv_bfloat16{});
-  else by_size(__half{});
-}
-
-template <typename E>
-E* ptr(const torch::Tensor& t) {
-  return reinterpret_cast<E*>(t.data_ptr());
+  dispatch_16bit(dt, by_size);
 }
 
 }  // namespace
@@ -297,7 +291,7 @@ std::pair<torch::Tensor, torch::Tensor> scalar_decay_chunk_forward(const torch::
     constexpr size_t smem = Layout<KK, VV>::bytes;
     allow_dynamic_smem(kernel, smem);
     kernel<<<static_cast<unsigned>(B * H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr_or_null(g), ptr_or_null(h0), ptr<E>(o), final_state.data_ptr<float>(), p);
+        data_as<E>(q), data_as<E>(k), data_as<E>(v), ptr_or_null(g), ptr_or_null(h0), data_as<E>(o), final_state.data_ptr<float>(), p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {o, final_state};
@@ -332,8 +326,8 @@ ScalarDecayChunkGrads scalar_decay_chunk_backward(const torch::Tensor& q, const 
     allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(B * H), 2);
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        ptr<E>(q), ptr<E>(k), ptr<E>(v), ptr_or_null(g), ptr_or_null(h0), ptr<E>(d_out), ptr_or_null(d_final),
-        ptr<E>(out.dq), ptr<E>(out.dk), ptr<E>(out.dv), want_d_initial ? out.d_initial.data_ptr<float>() : nullptr,
+        data_as<E>(q), data_as<E>(k), data_as<E>(v), ptr_or_null(g), ptr_or_null(h0), data_as<E>(d_out), ptr_or_null(d_final),
+        data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dv), want_d_initial ? out.d_initial.data_ptr<float>() : nullptr,
         want_row_dots ? out.dot_q.data_ptr<float>() : nullptr, want_row_dots ? out.dot_k.data_ptr<float>() : nullptr,
         p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

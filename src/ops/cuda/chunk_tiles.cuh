@@ -3,7 +3,8 @@
 // 16x16x16, fp32 accumulation), fp32 state and gates. Each .cu file keeps its own shared-memory layout
 // and kernels; what they have in common lies here:
 //   - 16-bit <-> fp32 conversion of 16-byte words (Elem, unpack8, pack8, load8);
-//   - tile products (product_tile, score_tile, tiles_into_stage, accumulate_state, update_state) over
+//   - tile products (product_tile, score_tile, tiles_into_stage, two_tiles_into_stage, accumulate_state,
+//     update_state) over
 //     row-major tiles, and x - y row by row (subtract_rows);
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
 //     optional fp32 row sums (store_rows);
@@ -236,6 +237,23 @@ __device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body bo
     wmma::fill_fragment(acc, 0.f);
     body(acc, R, Cc);
     wmma::store_matrix_sync(stage + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+  }
+}
+
+// Two [C, D] fp32 results side by side, stage0 and stage1 (row stride ld32), their tiles spread over the
+// warps together: first(acc, R, Cc) and second(acc, R, Cc) each accumulate one tile into a zeroed fragment.
+template <int D, typename First, typename Second>
+__device__ __forceinline__ void two_tiles_into_stage(float* stage0, float* stage1, int ld32, First first,
+                                                     Second second) {
+  constexpr int kTiles = kRowTiles * (D / 16);
+  for (int t = threadIdx.x / 32; t < 2 * kTiles; t += kWarps) {
+    const bool is_second = t >= kTiles;
+    const int R = (t % kTiles) / (D / 16), Cc = (t % kTiles) % (D / 16);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    if (!is_second) first(acc, R, Cc);
+    else second(acc, R, Cc);
+    wmma::store_matrix_sync((is_second ? stage1 : stage0) + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
   }
 }
 

@@ -1,6 +1,8 @@
 // Host-side launch helpers shared by the .cu files of ops/cuda (not for C++ callers: see kernels.h).
 #pragma once
 #include <c10/cuda/CUDAException.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <torch/torch.h>
 
@@ -14,6 +16,20 @@ template <typename Kernel>
 void allow_dynamic_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// Calls fn with a value of the kernels' element type for dt: __nv_bfloat16 for bf16, __half otherwise
+// (callers check first that dt is one of the two).
+template <typename Fn>
+void dispatch_16bit(torch::ScalarType dt, Fn fn) {
+  if (dt == torch::kBFloat16) fn(__nv_bfloat16{});
+  else fn(__half{});
+}
+
+// A 16-bit tensor's data as the kernels' element type E.
+template <typename E>
+E* data_as(const torch::Tensor& t) {
+  return reinterpret_cast<E*>(t.data_ptr());
 }
 
 }  // namespace linearize::ops::cuda_kernels

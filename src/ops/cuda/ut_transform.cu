@@ -177,15 +177,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   // W = T Kg into stage0, U = T Vb into stage1 (T lower: tiles s <= R only).
-  constexpr int kTiles = kRowTiles * (kD / 16);
-  for (int t = threadIdx.x / 32; t < 2 * kTiles; t += kWarps) {
-    const bool for_u = t >= kTiles;
-    const int R = (t % kTiles) / (kD / 16), Cc = (t % kTiles) % (kD / 16);
-    Acc acc;
-    wmma::fill_fragment(acc, 0.f);
-    product_tile<false, false>(acc, T16, S::ld, for_u ? Vb : Kg, S::ld, R, Cc, 0, R + 1);
-    wmma::store_matrix_sync((for_u ? stage1 : stage0) + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
-  }
+  two_tiles_into_stage<kD>(
+      stage0, stage1, S::ld32,
+      [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, T16, S::ld, Kg, S::ld, R, Cc, 0, R + 1); },
+      [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, T16, S::ld, Vb, S::ld, R, Cc, 0, R + 1); });
   __syncthreads();
   const int Tp = p.N * kC;
   store_rows<kD>(w + at.chunked, kD, at.t0, Tp, stage0, S::ld32);
@@ -279,16 +274,10 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (threadIdx.x < kC) sdG[threadIdx.x] -= sdbeta[threadIdx.x];
   // dKb = R k into A, dKg = T^T dW into Bm.
-  constexpr int kTiles = kRowTiles * (kD / 16);
-  for (int t = threadIdx.x / 32; t < 2 * kTiles; t += kWarps) {
-    const bool second = t >= kTiles;
-    const int R = (t % kTiles) / (kD / 16), Cc = (t % kTiles) % (kD / 16);
-    Acc acc;
-    wmma::fill_fragment(acc, 0.f);
-    if (!second) product_tile<false, false>(acc, R16, S::ldc, sk, S::ld, R, Cc, 0, R + 1);
-    else product_tile<true, false>(acc, T16, S::ld, sdw, S::ld, R, Cc, R, kRowTiles);
-    wmma::store_matrix_sync((second ? Bm : A) + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
-  }
+  two_tiles_into_stage<kD>(
+      A, Bm, S::ld32,
+      [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, R16, S::ldc, sk, S::ld, R, Cc, 0, R + 1); },
+      [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, T16, S::ld, sdw, S::ld, R, Cc, R, kRowTiles); });
   __syncthreads();
   // Row pass: dk so far = beta dKb + beta e^G dKg (kept in registers); dbeta = k·dKb + e^G k·dKg; dG += beta e^G k·dKg.
   constexpr int kItems = kC * kD / 8 / kThreads;  // 16-byte groups per thread
@@ -310,15 +299,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   // R^T Kb into A, dVb = T^T dU into Bm.
-  for (int t = threadIdx.x / 32; t < 2 * kTiles; t += kWarps) {
-    const bool second = t >= kTiles;
-    const int R = (t % kTiles) / (kD / 16), Cc = (t % kTiles) % (kD / 16);
-    Acc acc;
-    wmma::fill_fragment(acc, 0.f);
-    if (!second) product_tile<true, false>(acc, R16, S::ldc, Kb, S::ld, R, Cc, R, kRowTiles);
-    else product_tile<true, false>(acc, T16, S::ld, sdu, S::ld, R, Cc, R, kRowTiles);
-    wmma::store_matrix_sync((second ? Bm : A) + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
-  }
+  two_tiles_into_stage<kD>(
+      A, Bm, S::ld32,
+      [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, R16, S::ldc, Kb, S::ld, R, Cc, R, kRowTiles); },
+      [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, T16, S::ld, sdu, S::ld, R, Cc, R, kRowTiles); });
   __syncthreads();
   // dk = dk so far + R^T Kb; dv = beta dVb; dbeta += v·dVb.
 #pragma unroll
@@ -365,17 +349,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename Fn>
-void dispatch(torch::ScalarType dt, Fn fn) {
-  if (dt == torch::kBFloat16) fn(__nv_bfloat16{});
-  else fn(__half{});
-}
-
-template <typename E>
-E* ptr(const torch::Tensor& t) {
-  return reinterpret_cast<E*>(t.data_ptr());
-}
-
 UtShape ut_shape(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta) {
   const int64_t B = k.size(0), T = k.size(1), H = k.size(2);
   TORCH_CHECK(delta_walk_supported(k.size(3), v.size(3), k.scalar_type()) && v.scalar_type() == k.scalar_type(),
@@ -397,14 +370,14 @@ UtForward ut_transform_forward(const torch::Tensor& k, const torch::Tensor& v, c
   out.u = torch::empty_like(out.w);
   out.inverse = torch::empty({p.B, p.H, p.N, kC, kC}, k.options().dtype(torch::kFloat));
   if (p.N == 0) return out;
-  dispatch(k.scalar_type(), [&](auto elem) {
+  dispatch_16bit(k.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
     auto kernel = ut_forward_kernel<E>;
     constexpr size_t smem = ForwardSmem::bytes;
     allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
-    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(ptr<E>(k), ptr<E>(v), beta.data_ptr<float>(),
-                                                                      ptr_or_null(g), ptr<E>(out.w), ptr<E>(out.u),
+    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(),
+                                                                      ptr_or_null(g), data_as<E>(out.w), data_as<E>(out.u),
                                                                       out.inverse.data_ptr<float>(), p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -425,15 +398,15 @@ UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, co
   out.dbeta = torch::empty_like(beta);
   if (g.defined()) out.dg = torch::empty_like(beta);
   if (p.N == 0) return out;
-  dispatch(k.scalar_type(), [&](auto elem) {
+  dispatch_16bit(k.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
     auto kernel = ut_backward_kernel<E>;
     constexpr size_t smem = BackwardSmem::bytes;
     allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        ptr<E>(k), ptr<E>(v), beta.data_ptr<float>(), ptr_or_null(g), inverse.data_ptr<float>(), ptr<E>(dw),
-        ptr<E>(du), ptr<E>(out.dk), ptr<E>(out.dv), out.dbeta.data_ptr<float>(),
+        data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(), ptr_or_null(g), inverse.data_ptr<float>(), data_as<E>(dw),
+        data_as<E>(du), data_as<E>(out.dk), data_as<E>(out.dv), out.dbeta.data_ptr<float>(),
         g.defined() ? out.dg.data_ptr<float>() : nullptr, p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
