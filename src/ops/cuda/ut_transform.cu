@@ -356,6 +356,7 @@ UtShape ut_shape(const torch::Tensor& k, const torch::Tensor& v, const torch::Te
               k.scalar_type(), ", v ", v.sizes(), " ", v.scalar_type());
   TORCH_CHECK(beta.sizes() == torch::IntArrayRef({B, H, T}) && beta.scalar_type() == torch::kFloat,
               "fused UT transform: expects beta [B,H,T] fp32; got ", beta.sizes(), " ", beta.scalar_type());
+  TORCH_CHECK(B * H <= 65535, "fused UT transform: at most 65535 (batch, head) pairs (a grid dimension); got ", B * H);
   return UtShape{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<int>((T + kC - 1) / kC)};
 }
 

@@ -99,6 +99,8 @@ std::optional<torch::ScalarType> fused_delta_rule_dtype(const torch::Tensor& q, 
   // and T, where the row-sum identity's cancelling terms cost too much precision (6e-2 against fp32 on
   // bf16 inputs, where the scalar decay gets 6e-3). No mixer uses a fixed decay with the delta rule.
   if (kind == GateKind::Vector || kind == GateKind::Fixed) return std::nullopt;
+  // The UT kernels' grid has one row per (batch, head): at most 65535 of them.
+  if (q.size(0) * q.size(2) > 65535) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::delta_walk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
   return dt;
