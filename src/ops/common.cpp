@@ -179,6 +179,15 @@ torch::Tensor aligned_rows(torch::Tensor t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 ? t : t.clone();
 }
 
+torch::Tensor kernel_gate(const torch::Tensor& g, GateKind kind, int64_t B, int64_t T, const torch::TensorOptions& like) {
+  if (kind == GateKind::None) return torch::empty({0}, like.dtype(torch::kFloat));
+  return gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
+}
+
+torch::Tensor kernel_state(const torch::Tensor& h0, const torch::TensorOptions& like) {
+  return h0.defined() ? aligned_rows(h0.to(torch::kFloat)) : torch::empty({0}, like.dtype(torch::kFloat));
+}
+
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                           const torch::Tensor& h0, double scale) {

@@ -116,6 +116,13 @@ std::optional<torch::ScalarType> fused_chunk_dtype(const torch::Tensor& q, const
 // odd offset is copied.
 torch::Tensor aligned_rows(torch::Tensor t);
 
+// What the fused chunk kernels read for the gate and the initial state. Custom autograd functions cannot
+// take undefined tensors, so an absent one comes as an empty fp32 placeholder (cuda_kernels::present
+// turns it back). kernel_gate: the per-step log decay [B,H,T] fp32 contiguous (None: the placeholder);
+// kernel_state: h0 [B,H,K,V] fp32 at a 16-byte boundary. `like` gives the device.
+torch::Tensor kernel_gate(const torch::Tensor& g, GateKind kind, int64_t B, int64_t T, const torch::TensorOptions& like);
+torch::Tensor kernel_state(const torch::Tensor& h0, const torch::TensorOptions& like);
+
 // The chunked form of family B with no decay or a scalar decay per step as fused CUDA kernels: the UT
 // transform (ops/cuda/ut_transform.cu) and the walk over the chunks (ops/cuda/chunk_delta_rule.cu), when
 // they apply: fused_chunk_dtype gives a dtype and the head size is 64. Otherwise nothing, and

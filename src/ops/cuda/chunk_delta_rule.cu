@@ -349,11 +349,10 @@ DeltaWalkGrads delta_walk_backward(const torch::Tensor& q, const torch::Tensor& 
     auto kernel = delta_backward_kernel<E>;
     constexpr size_t smem = BackwardLayout::bytes;
     allow_dynamic_smem(kernel, smem);
-    auto f = [&](const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; };
     kernel<<<static_cast<unsigned>(p.B * p.H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         data_as<E>(q), data_as<E>(k), data_as<E>(w), data_as<E>(u), ptr_or_null(g), data_as<E>(states), data_as<E>(d_out),
-        ptr_or_null(d_final), data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dw), data_as<E>(out.du), f(out.d_initial),
-        f(out.dot_q), f(out.dot_k), f(out.dot_w), p);
+        ptr_or_null(d_final), data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dw), data_as<E>(out.du), out_or_null(out.d_initial),
+        out_or_null(out.dot_q), out_or_null(out.dot_k), out_or_null(out.dot_w), p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

@@ -327,8 +327,8 @@ ScalarDecayChunkGrads scalar_decay_chunk_backward(const torch::Tensor& q, const 
     const dim3 grid(static_cast<unsigned>(B * H), 2);
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         data_as<E>(q), data_as<E>(k), data_as<E>(v), ptr_or_null(g), ptr_or_null(h0), data_as<E>(d_out), ptr_or_null(d_final),
-        data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dv), want_d_initial ? out.d_initial.data_ptr<float>() : nullptr,
-        want_row_dots ? out.dot_q.data_ptr<float>() : nullptr, want_row_dots ? out.dot_k.data_ptr<float>() : nullptr,
+        data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dv), out_or_null(out.d_initial),
+        out_or_null(out.dot_q), out_or_null(out.dot_k),
         p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });

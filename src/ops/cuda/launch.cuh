@@ -10,6 +10,8 @@ namespace linearize::ops::cuda_kernels {
 
 // The fp32 data of an optional tensor: nullptr when it is undefined (the kernels test for that).
 inline const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+// The same for an optional fp32 output the kernel writes.
+inline float* out_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 // A kernel that asks for more than the default 48 KiB of dynamic shared memory must say so first.
 template <typename Kernel>

@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
@@ -80,7 +81,7 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, vc.scalar_type(), "recurrent_step", [&] {
     recurrent_step_kernel<scalar_t><<<static_cast<unsigned>(B * H), threads, smem, stream>>>(
         qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
-        gc.defined() ? gc.data_ptr<float>() : nullptr, gate_mode, bc.defined() ? bc.data_ptr<float>() : nullptr,
+        ptr_or_null(gc), gate_mode, ptr_or_null(bc),
         Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
         static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
   });

@@ -408,7 +408,7 @@ UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, co
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(), ptr_or_null(g), inverse.data_ptr<float>(), data_as<E>(dw),
         data_as<E>(du), data_as<E>(out.dk), data_as<E>(out.dv), out.dbeta.data_ptr<float>(),
-        g.defined() ? out.dg.data_ptr<float>() : nullptr, p);
+        out_or_null(out.dg), p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

@@ -110,16 +110,27 @@ std::optional<torch::ScalarType> fused_delta_rule_dtype(const torch::Tensor& q, 
 #endif
 }
 
+#ifdef LINEARIZE_WITH_CUDA
+namespace {
+
+// W, U [B,H,N*64,64] from k, v already in the kernels' dtype and layout (aligned_rows), beta [B,T,H] and
+// the gate as kernel_gate gives it.
+std::pair<torch::Tensor, torch::Tensor> ut_transform(const torch::Tensor& k, const torch::Tensor& v,
+                                                     const torch::Tensor& beta, const torch::Tensor& gh) {
+  auto bh = beta.to(torch::kFloat).transpose(1, 2).contiguous();  // [B,H,T]
+  auto out = UtTransformFunction::apply(k, v, bh, gh);
+  return {out[0], out[1]};
+}
+
+}  // namespace
+#endif
+
 std::pair<torch::Tensor, torch::Tensor> fused_ut_transform(const torch::Tensor& k, const torch::Tensor& v,
                                                            const torch::Tensor& beta, const torch::Tensor& g,
                                                            GateKind kind, torch::ScalarType dt) {
 #ifdef LINEARIZE_WITH_CUDA
-  const int64_t B = k.size(0), T = k.size(1);
-  const auto empty = torch::empty({0}, k.options().dtype(torch::kFloat));
-  auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
-  auto bh = beta.to(torch::kFloat).transpose(1, 2).contiguous();                                          // [B,H,T]
-  auto out = UtTransformFunction::apply(aligned_rows(k.to(dt)), aligned_rows(v.to(dt)), bh, gh);
-  return {out[0], out[1]};
+  return ut_transform(aligned_rows(k.to(dt)), aligned_rows(v.to(dt)), beta,
+                      kernel_gate(g, kind, k.size(0), k.size(1), k.options()));
 #else
   (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)dt;
   throw std::logic_error("fused_ut_transform: not compiled in (CPU build)");
@@ -130,13 +141,11 @@ OpResult fused_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, 
                                 const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                 const torch::Tensor& h0, double scale, torch::ScalarType dt) {
 #ifdef LINEARIZE_WITH_CUDA
-  const int64_t B = q.size(0), T = q.size(1);
-  auto [W, U] = fused_ut_transform(k, v, beta, g, kind, dt);  // [B,H,N*64,64]
-  const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
-  auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
-  auto S0 = h0.defined() ? aligned_rows(h0.to(torch::kFloat)) : empty;
+  // k and the gate feed both the transform and the walk: converted once.
   auto operand = [&](const torch::Tensor& t) { return aligned_rows(t.to(dt)); };
-  auto out = DeltaWalkFunction::apply(operand(q), operand(k), W, U, gh, S0, scale);
+  auto kd = operand(k), gh = kernel_gate(g, kind, q.size(0), q.size(1), q.options());
+  auto [W, U] = ut_transform(kd, operand(v), beta, gh);  // [B,H,N*64,64]
+  auto out = DeltaWalkFunction::apply(operand(q), kd, W, U, gh, kernel_state(h0, q.options()), scale);
   return OpResult{out[0].to(v.scalar_type()), out[1]};
 #else
   (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)dt;

@@ -65,12 +65,10 @@ std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const t
   if (kind == GateKind::Vector) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
-  const int64_t B = q.size(0), T = q.size(1);
-  const auto empty = torch::empty({0}, q.options().dtype(torch::kFloat));
-  auto gh = kind == GateKind::None ? empty : gate_heads_first(g, kind, B, T, torch::kFloat).contiguous();  // [B,H,T]
-  auto S0 = h0.defined() ? aligned_rows(h0.to(torch::kFloat)) : empty;
   auto operand = [&](const torch::Tensor& t) { return aligned_rows(t.to(*dt)); };
-  auto out = ScalarDecayChunkFunction::apply(operand(q), operand(k), operand(v), gh, S0, scale);
+  auto out = ScalarDecayChunkFunction::apply(operand(q), operand(k), operand(v),
+                                             kernel_gate(g, kind, q.size(0), q.size(1), q.options()),
+                                             kernel_state(h0, q.options()), scale);
   return OpResult{out[0].to(v.scalar_type()), out[1]};
 #else
   (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
