@@ -2,11 +2,11 @@
 // backward, one thread block per (chunk, batch*head), head size 64:
 //   Kb = diag(beta) k,  Kg = diag(beta e^G) k,  Vb = diag(beta) v              (16-bit, as the products read them)
 //   L[i,j] = (Kb_i · k_j) exp(G_i - G_j) for j < i, 0 on and above the diagonal  (fp32)
-//   T = (I + L)^{-1}                  (fp32, forward substitution, one thread per column)
+//   T = (I + L)^{-1}                  (fp32, by 16x16 blocks)
 //   W = T Kg,  U = T Vb               (tensor cores, T read through a 16-bit copy)
 // Backward, given dW and dU:
 //   dKg = T^T dW,  dVb = T^T dU,  dT = dW Kg^T + dU Vb^T
-//   dL = -T^T dT T^T (strictly lower; fp32 on CUDA cores: it is a difference of close terms)
+//   dL = -T^T dT T^T (strictly lower; three TF32 tensor-core products, close to fp32: a difference of close terms)
 //   R = dL ⊙ exp(G_i - G_j):  dKb = R k,  dk = R^T Kb + beta dKb + beta e^G dKg,  dv = beta dVb
 //   dbeta = k·dKb + e^G k·dKg + v·dVb,   dG = beta e^G k·dKg + rowsum(dL ⊙ L) - colsum(dL ⊙ L)
 //   dg = the reverse cumulative sum of dG within the chunk.
@@ -32,24 +32,25 @@ struct Sizes {
   static constexpr size_t vec = round32(kC * 4);
 };
 
-// Forward: k, v, Kb, Kg, Vb (16-bit), L and T (fp32), T16, gates and beta; W is staged where L was and U
-// where k and v were. About 89 KiB: two blocks per SM.
+// Forward: k, v, Kb then T16, Kg, Vb (16-bit), L and T (fp32), gates and beta; W is staged where L was
+// and U where k and v were. About 71 KiB: three blocks per SM.
 struct ForwardSmem : Sizes {
-  static constexpr size_t k = 0, v = k + rows16, kb = v + rows16, kg = kb + rows16, vb = kg + rows16;
-  static constexpr size_t L = vb + rows16, T = L + mat32, T16 = T + mat32, gate = T16 + rows16;
+  static constexpr size_t k = 0, v = k + rows16, kb = v + rows16, T16 = kb, kg = kb + rows16, vb = kg + rows16;
+  static constexpr size_t L = vb + rows16, T = L + mat32, gate = T + mat32;
   static constexpr size_t beta = gate + 3 * vec, bytes = beta + vec;
   static constexpr size_t stage0 = L, stage1 = k;
   static_assert(2 * rows16 >= mat32, "U's staging fits where k and v were");
 };
 
-// Backward: k, v, Kb, Kg, Vb, dW, dU (16-bit), T, L, dT then dL ⊙ L, X then staging, T16, R16, gates,
-// beta and the per-row sums. About 150 KiB.
+// Backward: k, v then R16, Kb, Kg and Vb then the fp32 staging Bm (X first), dW, dU, T16 (16-bit), T and A
+// (fp32: dT, then dL, then dL ⊙ L, then staging), gates, beta and the per-row sums. About 107.5 KiB: two
+// blocks per SM. v is read again from global memory at the end.
 struct BackwardSmem : Sizes {
-  static constexpr size_t k = 0, v = k + rows16, kb = v + rows16, kg = kb + rows16, vb = kg + rows16;
-  static constexpr size_t dw = vb + rows16, du = dw + rows16, T = du + rows16, L = T + mat32;
-  static constexpr size_t a = L + mat32, b = a + mat32, T16 = b + mat32, R16 = T16 + rows16;
-  static constexpr size_t gate = R16 + rows16, beta = gate + 3 * vec, dbeta = beta + vec, dG = dbeta + vec;
-  static constexpr size_t bytes = dG + vec;
+  static constexpr size_t k = 0, v = k + rows16, R16 = v, kb = v + rows16, kg = kb + rows16, vb = kg + rows16;
+  static constexpr size_t b = kg, dw = vb + rows16, du = dw + rows16, T16 = du + rows16, T = T16 + rows16;
+  static constexpr size_t a = T + mat32, gate = a + mat32, beta = gate + 3 * vec, dbeta = beta + vec;
+  static constexpr size_t dG = dbeta + vec, bytes = dG + vec;
+  static_assert(2 * rows16 >= mat32, "Bm fits where Kg and Vb were");
 };
 
 struct UtShape {
@@ -122,14 +123,59 @@ __device__ void decayed_scores(float* L, const E* Kb, const E* k, const float* G
   }
 }
 
-// T = (I + L)^{-1}: thread c < C solves column c by forward substitution (L reads are broadcasts).
-__device__ void unit_lower_inverse_columns(float* T, const float* L) {
-  const int c = threadIdx.x;
-  if (c >= kC) return;
-  for (int r = 0; r < kC; ++r) {
-    float x = r == c ? 1.f : 0.f;
-    for (int j = c; j < r; ++j) x -= L[r * Sizes::ld32 + j] * T[j * Sizes::ld32 + c];
-    T[r * Sizes::ld32 + c] = x;  // zero above the diagonal (r < c)
+// T = (I + L)^{-1} by 16x16 blocks, all in fp32. With D_i = I + L_ii the diagonal blocks,
+//   T_ii = D_i^{-1}                                  (forward substitution, one thread per column)
+//   T_ij = -T_ii Σ_{k=j}^{i-1} L_ik T_kj   for j < i (block row by block row, every thread)
+// The blocks above the diagonal are zeros. L is zero on and above the diagonal.
+__device__ void unit_lower_inverse_blocks(float* T, const float* L) {
+  constexpr int ld = Sizes::ld32, kB = 16, kBlocks = kC / kB;
+  const int tid = threadIdx.x;
+  if (tid < kC) {  // column c of diagonal block b
+    const int b = tid / kB, c = tid;
+    for (int r = b * kB; r < (b + 1) * kB; ++r) {
+      float x = r == c ? 1.f : 0.f;
+      for (int j = c; j < r; ++j) x -= L[r * ld + j] * T[j * ld + c];
+      T[r * ld + c] = x;  // zero above the diagonal (r < c)
+    }
+  } else {
+    for (int e = tid - kC; e < kC * kC; e += kThreads - kC) {
+      const int r = e / kC, c = e % kC;
+      if (r / kB < c / kB) T[r * ld + c] = 0.f;
+    }
+  }
+  __syncthreads();
+  static_assert(kThreads == kB * kB, "one thread per element of a 16x16 block");
+  const int rr = tid / kB, cc = tid % kB;
+  for (int i = 1; i < kBlocks; ++i) {
+    const int r = i * kB + rr;
+    float p[kBlocks - 1];
+    // P_ij = Σ_k L_ik T_kj, for every j < i (T_kj is zero for k < j, its rows start at j's block)
+#pragma unroll
+    for (int j = 0; j < kBlocks - 1; ++j) {
+      if (j >= i) break;
+      const int c = j * kB + cc;
+      float x = 0.f;
+      for (int k = j * kB; k < i * kB; ++k) x += L[r * ld + k] * T[k * ld + c];
+      p[j] = x;
+    }
+#pragma unroll
+    for (int j = 0; j < kBlocks - 1; ++j)
+      if (j < i) T[r * ld + j * kB + cc] = p[j];
+    __syncthreads();
+    // T_ij = -T_ii P_ij (T_ii lower with a unit diagonal)
+#pragma unroll
+    for (int j = 0; j < kBlocks - 1; ++j) {
+      if (j >= i) break;
+      const int c = j * kB + cc;
+      float x = T[r * ld + c];
+      for (int m = 0; m < rr; ++m) x += T[r * ld + i * kB + m] * T[(i * kB + m) * ld + c];
+      p[j] = -x;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kBlocks - 1; ++j)
+      if (j < i) T[r * ld + j * kB + cc] = p[j];
+    __syncthreads();
   }
 }
 
@@ -145,7 +191,7 @@ __device__ void to16(E* dst, const float* src) {
 }
 
 template <typename E>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 3)
     ut_forward_kernel(const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ beta,
                       const float* __restrict__ g, E* __restrict__ w, E* __restrict__ u, float* __restrict__ inverse,
                       UtShape p) {
@@ -167,8 +213,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   decayed_scores(L, Kb, sk, G);
   __syncthreads();
-  unit_lower_inverse_columns(T, L);
-  __syncthreads();
+  unit_lower_inverse_blocks(T, L);  // ends on a barrier
   to16(T16, T);
   float* Tg = inverse + at.inverse;
   for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
@@ -194,8 +239,37 @@ __device__ __forceinline__ float row_sum(float part) {
   return part;
 }
 
+using Acc8 = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+
+// acc += Σ_{s = s0}^{s1-1} X(R, s) Y(s, Cc) over fp32 tiles of 16x8 and 8x16 ([., ld] row-major, or read
+// transposed when TransX / TransY), on tensor cores as three TF32 products of the split x = hi + lo
+// (lo·hi + hi·lo + hi·hi): close to fp32, which the difference of close terms in dL needs.
+template <bool TransX, bool TransY>
+__device__ __forceinline__ void product_tile_3xtf32(Acc8& acc, const float* X, const float* Y, int ld, int R, int Cc,
+                                                    int s0, int s1) {
+  using LX = std::conditional_t<TransX, wmma::col_major, wmma::row_major>;
+  using LY = std::conditional_t<TransY, wmma::col_major, wmma::row_major>;
+  wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LX> a_hi, a_lo;
+  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LY> b_hi, b_lo;
+  auto split = [](auto& hi, auto& lo) {
+#pragma unroll
+    for (int i = 0; i < hi.num_elements; ++i) {
+      const float x = hi.x[i], h = wmma::__float_to_tf32(x);
+      hi.x[i] = h, lo.x[i] = wmma::__float_to_tf32(x - h);
+    }
+  };
+  for (int s = s0; s < s1; ++s) {
+    wmma::load_matrix_sync(a_hi, TransX ? X + s * 8 * ld + R * 16 : X + R * 16 * ld + s * 8, ld);
+    wmma::load_matrix_sync(b_hi, TransY ? Y + Cc * 16 * ld + s * 8 : Y + s * 8 * ld + Cc * 16, ld);
+    split(a_hi, a_lo), split(b_hi, b_lo);
+    wmma::mma_sync(acc, a_lo, b_hi, acc);
+    wmma::mma_sync(acc, a_hi, b_lo, acc);
+    wmma::mma_sync(acc, a_hi, b_hi, acc);
+  }
+}
+
 template <typename E>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     ut_backward_kernel(const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ beta,
                        const float* __restrict__ g, const float* __restrict__ inverse, const E* __restrict__ dw,
                        const E* __restrict__ du, E* __restrict__ dk, E* __restrict__ dv, float* __restrict__ dbeta,
@@ -205,7 +279,7 @@ __global__ void __launch_bounds__(kThreads)
   E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kb = view<E>(smem, S::kb), *Kg = view<E>(smem, S::kg);
   E *Vb = view<E>(smem, S::vb), *sdw = view<E>(smem, S::dw), *sdu = view<E>(smem, S::du);
   E *T16 = view<E>(smem, S::T16), *R16 = view<E>(smem, S::R16);
-  float *T = view<float>(smem, S::T), *L = view<float>(smem, S::L), *A = view<float>(smem, S::a);
+  float *T = view<float>(smem, S::T), *A = view<float>(smem, S::a);
   float *Bm = view<float>(smem, S::b), *G = view<float>(smem, S::gate), *eG = G + kC, *sb = view<float>(smem, S::beta);
   float *sdbeta = view<float>(smem, S::dbeta), *sdG = view<float>(smem, S::dG);
   const ChunkAt at(p);
@@ -226,7 +300,7 @@ __global__ void __launch_bounds__(kThreads)
   scaled_rows(Kb, Kg, Vb, sk, sv, sb, eG, S::ld);
   to16(T16, T);
   __syncthreads();
-  // L again, and dT = dW Kg^T + dU Vb^T on and below the diagonal (into A; nothing above is read).
+  // dT = dW Kg^T + dU Vb^T on and below the diagonal (into A; nothing above is read).
   for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
     int R, Cc;
     lower_tile(t, R, Cc);
@@ -236,30 +310,56 @@ __global__ void __launch_bounds__(kThreads)
     product_tile<false, true>(acc, sdu, S::ld, Vb, S::ld, R, Cc, 0, kD / 16);
     wmma::store_matrix_sync(A + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
   }
-  decayed_scores(L, Kb, sk, G);  // its own barrier sits between its two passes
   __syncthreads();
-  // X = dT_lower T^T into Bm: X[i][j] = Σ_{k <= min(i, j)} dT[i][k] T[j][k].
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int i = e / kC, j = e % kC, m = i < j ? i : j;
-    float x = 0.f;
-    for (int kk = 0; kk <= m; ++kk) x += A[i * S::ld32 + kk] * T[j * S::ld32 + kk];
-    Bm[i * S::ld32 + j] = x;
+  // X = dT T^T into Bm (Kg and Vb are no longer needed), then dL = -T^T X into A (nor is dT), lower tiles
+  // only. Below the
+  // diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j] read strictly
+  // lower dT and X only (T is zero above its diagonal); what the diagonal tiles hold above it is never used.
+  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
+    int R, Cc;
+    lower_tile(t, R, Cc);
+    Acc8 acc;
+    wmma::fill_fragment(acc, 0.f);
+    product_tile_3xtf32<false, true>(acc, A, T, S::ld32, R, Cc, 0, 2 * (Cc + 1));
+    wmma::store_matrix_sync(Bm + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
   }
   __syncthreads();
-  // dL = -T^T X below the diagonal: dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j]. R = dL ⊙ exp(G_i - G_j) (16-bit),
-  // and dL ⊙ L into A (dT is no longer needed).
+  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
+    int R, Cc;
+    lower_tile(t, R, Cc);
+    Acc8 acc;
+    wmma::fill_fragment(acc, 0.f);
+    product_tile_3xtf32<true, false>(acc, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
+#pragma unroll
+    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
+    wmma::store_matrix_sync(A + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
+  }
+  __syncthreads();
+  // R = dL ⊙ exp(G_i - G_j) in fp32 into A in place and in 16-bit where v was (v is read again at the end);
+  // zeros on and above the diagonal.
   for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
     const int i = e / kC, j = e % kC;
-    float d = 0.f;
-    if (j < i) {
-      for (int m = i; m < kC; ++m) d -= T[m * S::ld32 + i] * Bm[m * S::ld32 + j];
-    }
-    const float l = L[i * S::ld32 + j];
-    R16[i * S::ldc + j] = from_float<E>(j < i ? d * __expf(G[i] - G[j]) : 0.f);
-    A[i * S::ld32 + j] = d * l;
+    const float r = j < i ? A[i * S::ld32 + j] * __expf(G[i] - G[j]) : 0.f;
+    R16[i * S::ldc + j] = from_float<E>(r);
+    A[i * S::ld32 + j] = r;
   }
   __syncthreads();
-  // dG from L: rowsum(dL ⊙ L) - colsum(dL ⊙ L); threads 0..63 rows, 64..127 columns.
+  // dL ⊙ L = R ⊙ (Kb k^T) into A, tile by tile: the scores' fragment and A's, loaded as the same
+  // accumulator type, hold the same elements.
+  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
+    int R, Cc;
+    lower_tile(t, R, Cc);
+    Acc scores, r;
+    wmma::fill_fragment(scores, 0.f);
+    product_tile<false, true>(scores, Kb, S::ld, sk, S::ld, R, Cc, 0, kD / 16);
+    float* at_tile = A + R * 16 * S::ld32 + Cc * 16;
+    wmma::load_matrix_sync(r, at_tile, S::ld32, wmma::mem_row_major);
+#pragma unroll
+    for (int i = 0; i < r.num_elements; ++i) r.x[i] *= scores.x[i];
+    wmma::store_matrix_sync(at_tile, r, S::ld32, wmma::mem_row_major);
+  }
+  __syncthreads();
+  // dG from dL ⊙ L: its row sums minus its column sums; threads 0..63 rows, 64..127 columns.
   if (threadIdx.x < 2 * kC) {
     const int r = threadIdx.x % kC;
     float s = 0.f;
@@ -309,8 +409,9 @@ __global__ void __launch_bounds__(kThreads)
   for (int it = 0; it < kItems; ++it) {
     const int i = threadIdx.x + it * kThreads, r = i / (kD / 8), c = (i % (kD / 8)) * 8;
     const bool live = at.t0 + r < p.T;
-    float vr[8], x[8], y[8], vy = 0.f;
-    unpack8<E>(*reinterpret_cast<const uint4*>(sv + r * S::ld + c), vr);
+    const size_t off = at.head + static_cast<size_t>(at.t0 + r) * at.row + c;
+    float vr[8] = {}, x[8], y[8], vy = 0.f;
+    if (live) unpack8<E>(*reinterpret_cast<const uint4*>(v + off), vr);
     load8(A + r * S::ld32 + c, x);
     load8(Bm + r * S::ld32 + c, y);
 #pragma unroll
@@ -321,7 +422,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     vy = row_sum(vy);
     if (live) {
-      const size_t off = at.head + static_cast<size_t>(at.t0 + r) * at.row + c;
       *reinterpret_cast<uint4*>(dk + off) = pack8<E>(x);
       *reinterpret_cast<uint4*>(dv + off) = pack8<E>(y);
     }
