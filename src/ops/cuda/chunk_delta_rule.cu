@@ -1,8 +1,8 @@
 // Family B with no decay or a scalar decay per step (DeltaNet, Gated DeltaNet): the chunk-to-chunk walk
 // of the chunked form and everything that reads the state, fused. One thread block per (batch, head)
 // walks the chunks of 64 with the state in shared memory, every product on tensor cores (the building
-// blocks of chunk_tiles.cuh). The chunk-parallel part, the UT transform that gives W and U, stays in
-// libtorch (ops/delta_rule_ops/chunk.cpp); these kernels take over from W and U on.
+// blocks of chunk_tiles.cuh). The chunk-parallel part, the UT transform that gives W and U, is
+// ut_transform.cu; these kernels take over from W and U on.
 //
 // Per chunk, with G the chunk-local cumulative log decay (fp32), Gl = G[C-1] and S the state entering:
 //   V'  = U - W S                                   (the chunk's corrected values; W carries e^G)
@@ -54,14 +54,13 @@ struct ForwardLayout : Pads {
   static constexpr size_t bytes = gate + gates;
 };
 
-// Backward: q, k, w, u (then V', then -dV'), do, and do scaled by scale e^G; the stored state S;
-// dS' (fp32 and 16-bit); A and dA; two staging areas; gates. About 142 KiB.
+// Backward: q, k, w, u (then V', then -dV'), do (scaled for dq, then read again); the stored state S;
+// dS' (fp32 and 16-bit); dA then A (one at a time); one staging area; gates. About 107 KiB: two blocks
+// per SM.
 struct BackwardLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, w = k + rows16, u = w + rows16, dout = u + rows16;
-  static constexpr size_t dout_scaled = dout + rows16, state16 = dout_scaled + rows16;
-  static constexpr size_t dstate = state16 + rows16, dstate16 = dstate + state32, scores = dstate16 + rows16;
-  static constexpr size_t dscores = scores + scores16, stage0 = dscores + scores16, stage1 = stage0 + stage32;
-  static constexpr size_t gate = stage1 + stage32;
+  static constexpr size_t state16 = dout + rows16, dstate = state16 + rows16, dstate16 = dstate + state32;
+  static constexpr size_t scores = dstate16 + rows16, stage = scores + scores16, gate = stage + stage32;
   static constexpr size_t bytes = gate + gates;
 };
 
@@ -168,9 +167,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // One reverse walk gives dq, dk, dw, du and dS0; with a gate also the row sums q·dq, k·dk [B*H, T] and
-// w·dw [B*H, N*C] (fp32, taken before the gradients are rounded).
+// w·dw [B*H, N*C] (fp32, taken before the gradients are rounded). The results go through one staging
+// area one after another, and dA and A share their buffer, so that two blocks fit on an SM.
 template <typename E>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     delta_backward_kernel(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ w,
                           const E* __restrict__ u, const float* __restrict__ g, const E* __restrict__ states,
                           const E* __restrict__ dout, const float* __restrict__ d_final, E* __restrict__ dq,
@@ -180,16 +180,18 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int D = kHead;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *su = view<E>(smem, L::u);
-  E *sdo = view<E>(smem, L::dout), *sdos = view<E>(smem, L::dout_scaled), *sS = view<E>(smem, L::state16);
-  E *dS16 = view<E>(smem, L::dstate16), *A16 = view<E>(smem, L::scores), *dA16 = view<E>(smem, L::dscores);
-  float *dS = view<float>(smem, L::dstate), *stage0 = view<float>(smem, L::stage0), *stage1 = view<float>(smem, L::stage1);
+  E *sdo = view<E>(smem, L::dout), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
+  E* A16 = view<E>(smem, L::scores);  // dA first, then A
+  float *dS = view<float>(smem, L::dstate), *stage = view<float>(smem, L::stage);
   float *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
   const Rows rows(p);
-  const int warp = threadIdx.x / 32;
   const float* gh = g != nullptr ? g + rows.steps : nullptr;
   float* dots_q = dot_q != nullptr ? dot_q + rows.steps : nullptr;
   float* dots_k = dot_k != nullptr ? dot_k + rows.steps : nullptr;
   float* dots_w = dot_w != nullptr ? dot_w + static_cast<size_t>(rows.bh) * rows.Tp : nullptr;
+  auto scores_into_stage = [&](const E* X, const E* Y) {  // raw lower X Y^T
+    for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) score_tile<D>(stage, L::ld32, X, Y, L::ld, t);
+  };
 
   load_state<D, D>(dS, L::ld32, d_final != nullptr ? d_final + rows.state : nullptr);
   __syncthreads();
@@ -205,58 +207,60 @@ __global__ void __launch_bounds__(kThreads)
   float2 ng = fetch(p.N - 1);
   for (int n = p.N - 1; n >= 0; --n) {
     const int t0 = n * kC;
-    nq.put(sq, L::ld), nk.put(sk, L::ld), nw.put(sw, L::ld), nu.put(su, L::ld);
-    ndo.put(sdo, L::ld), ndo.put(sdos, L::ld), nS.put(sS, L::ld);
+    nq.put(sq, L::ld), nk.put(sk, L::ld), nw.put(sw, L::ld), nu.put(su, L::ld), ndo.put(sdo, L::ld);
+    nS.put(sS, L::ld);
     chunk_gates(G, ng);
     if (n > 0) ng = fetch(n - 1);  // in flight while this chunk is computed
     __syncthreads();
     // V' = u - w S, as the forward computed it.
-    tiles_into_stage<D>(stage0, L::ld32, [&](Acc& acc, int R, int Cc) {
+    tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
       product_tile<false, false>(acc, sw, L::ld, sS, L::ld, R, Cc, 0, D / 16);
     });
     __syncthreads();
-    subtract_rows<D, true>(su, L::ld, stage0, L::ld32);
+    subtract_rows<D, true>(su, L::ld, stage, L::ld32);
     __syncthreads();
-    // Raw q k^T and do V'^T.
-    for (int t = warp; t < 2 * kLowerTiles; t += kWarps) {
-      if (t < kLowerTiles) score_tile<D>(stage0, L::ld32, sq, sk, L::ld, t);
-      else score_tile<D>(stage1, L::ld32, sdo, su, L::ld, t - kLowerTiles);
-    }
+    scores_into_stage(sdo, su);  // raw do V'^T
     __syncthreads();
-    decay_mask(A16, L::ldc, stage0, L::ld32, G, p.scale);
-    decay_mask(dA16, L::ldc, stage1, L::ld32, G, p.scale);
-    scale_rows<D>(sdos, L::ld, eG, p.scale);
-    scale_rows<D>(su, L::ld, eEnd, 1.f);  // e^{Gl - G} V'
+    decay_mask(A16, L::ldc, stage, L::ld32, G, p.scale);  // dA
+    scale_rows<D>(sdo, L::ld, eG, p.scale);               // scale e^G do, for dq only
+    scale_rows<D>(su, L::ld, eEnd, 1.f);                  // e^{Gl - G} V'
     __syncthreads();
-    // dk = dA^T q + (e^{Gl-G} V') dS'^T into stage0; dq = (scale e^G do) S^T + dA k into stage1.
-    two_tiles_into_stage<D>(
-        stage0, stage1, L::ld32,
-        [&](Acc& acc, int R, int Cc) {
-          product_tile<true, false>(acc, dA16, L::ldc, sq, L::ld, R, Cc, R, kRowTiles);
-          product_tile<false, true>(acc, su, L::ld, dS16, L::ld, R, Cc, 0, D / 16);
-        },
-        [&](Acc& acc, int R, int Cc) {
-          product_tile<false, true>(acc, sdos, L::ld, sS, L::ld, R, Cc, 0, D / 16);
-          product_tile<false, false>(acc, dA16, L::ldc, sk, L::ld, R, Cc, 0, R + 1);
-        });
+    // dk = dA^T q + (e^{Gl-G} V') dS'^T.
+    tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile<true, false>(acc, A16, L::ldc, sq, L::ld, R, Cc, R, kRowTiles);
+      product_tile<false, true>(acc, su, L::ld, dS16, L::ld, R, Cc, 0, D / 16);
+    });
     __syncthreads();
-    store_rows<D>(dk + rows.head, rows.row, t0, p.T, stage0, L::ld32, sk, L::ld, dots_k);
-    store_rows<D>(dq + rows.head, rows.row, t0, p.T, stage1, L::ld32, sq, L::ld, dots_q);
+    store_rows<D>(dk + rows.head, rows.row, t0, p.T, stage, L::ld32, sk, L::ld, dots_k);
     __syncthreads();
+    // dq = (scale e^G do) S^T + dA k.
+    tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile<false, true>(acc, sdo, L::ld, sS, L::ld, R, Cc, 0, D / 16);
+      product_tile<false, false>(acc, A16, L::ldc, sk, L::ld, R, Cc, 0, R + 1);
+    });
+    __syncthreads();
+    store_rows<D>(dq + rows.head, rows.row, t0, p.T, stage, L::ld32, sq, L::ld, dots_q);
+    __syncthreads();
+    scores_into_stage(sq, sk);  // raw q k^T
+    __syncthreads();
+    RowPrefetch<D, E> raw_do;  // do again, unscaled: rows of this chunk
+    raw_do.fetch(dout + rows.head, rows.row, t0, p.T);
+    decay_mask(A16, L::ldc, stage, L::ld32, G, p.scale);  // A, where dA was
+    raw_do.put(sdo, L::ld);
     scale_rows<D>(sk, L::ld, eEnd, 1.f);
     scale_rows<D>(sq, L::ld, eG, p.scale);
     __syncthreads();
     // dV' = A^T do + (e^{Gl-G} k) dS'; du = dV', and -dV' (16-bit) where V' was.
-    tiles_into_stage<D>(stage0, L::ld32, [&](Acc& acc, int R, int Cc) {
+    tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
       product_tile<true, false>(acc, A16, L::ldc, sdo, L::ld, R, Cc, R, kRowTiles);
       product_tile<false, false>(acc, sk, L::ld, dS16, L::ld, R, Cc, 0, D / 16);
     });
     __syncthreads();
-    store_rows<D>(du + rows.chunked, D, t0, rows.Tp, stage0, L::ld32);
-    subtract_rows<D, false>(su, L::ld, stage0, L::ld32);
+    store_rows<D>(du + rows.chunked, D, t0, rows.Tp, stage, L::ld32);
+    subtract_rows<D, false>(su, L::ld, stage, L::ld32);
     __syncthreads();
-    // dw = -dV' S^T into stage1; dS = e^Gl dS' + (scale e^G q)^T do + W^T (-dV').
-    tiles_into_stage<D>(stage1, L::ld32, [&](Acc& acc, int R, int Cc) {
+    // dw = -dV' S^T into the staging area; dS = e^Gl dS' + (scale e^G q)^T do + W^T (-dV').
+    tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
       product_tile<false, true>(acc, su, L::ld, sS, L::ld, R, Cc, 0, D / 16);
     });
     accumulate_state<D, D>(dS, L::ld32, eG[kC - 1], [&](Acc& acc, int R, int Cc) {
@@ -264,7 +268,7 @@ __global__ void __launch_bounds__(kThreads)
       product_tile<true, false>(acc, sw, L::ld, su, L::ld, R, Cc, 0, kRowTiles);
     });
     __syncthreads();
-    store_rows<D>(dw + rows.chunked, D, t0, rows.Tp, stage1, L::ld32, sw, L::ld, dots_w);
+    store_rows<D>(dw + rows.chunked, D, t0, rows.Tp, stage, L::ld32, sw, L::ld, dots_w);
     copy_state<D, D>(dS16, L::ld, dS, L::ld32);
     __syncthreads();  // the next chunk's rows replace w
   }
