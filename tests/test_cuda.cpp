@@ -200,11 +200,6 @@ TEST(CudaOps, UnitLowerSolveMatchesTriangularSolve) {
   }
 }
 
-// The fused chunk kernels of family A without a per-channel gate (16-bit operands on tensor cores, fp32
-// state) against the libtorch chunked form in fp32 on the same rounded inputs: o, the final state and
-// the gradients of q, k, v, g and h0 (both outputs carry a loss, so the final state's gradient flows
-// in too). No decay, a fixed and a scalar decay; K = V = 64 and 128; T = 333 ends in a partial chunk.
-// The libtorch form fed the same 16-bit inputs is printed beside them for scale.
 // The fused path's results against the fp32 reference, each within 3e-2 relative error; returns a line
 // "  name err (err of the libtorch form in the same dtype)" per result for the printed summary.
 std::string compare_fused(const std::vector<torch::Tensor>& ref, const std::vector<torch::Tensor>& fused,
@@ -222,7 +217,13 @@ std::string compare_fused(const std::vector<torch::Tensor>& ref, const std::vect
   return line;
 }
 
-TEST(CudaOps, FusedScalarDecayChunkMatchesFp32) {
+// The fused chunk kernels of family A (16-bit operands on tensor cores, fp32 state) against the libtorch
+// chunked form in fp32 on the same rounded inputs: o, the final state and the gradients of q, k, v, g and
+// h0 (both outputs carry a loss, so the final state's gradient flows in too). No decay, a fixed and a
+// scalar decay (chunk_scalar_decay.cu; K = V = 64 and 128) and a decay per key channel (the scores and
+// walk kernels; K = V = 64); T = 333 ends in a partial chunk. The libtorch form fed the same 16-bit
+// inputs is printed beside them for scale.
+TEST(CudaOps, FusedGatedLinearAttentionChunkMatchesFp32) {
   REQUIRE_CUDA();
   NoTf32 no_tf32;
   const int64_t B = 2, T = 333, H = 3;
@@ -232,7 +233,8 @@ TEST(CudaOps, FusedScalarDecayChunkMatchesFp32) {
     torch::ScalarType dt;
   };
   const std::vector<Case> cases = {{64, 0, torch::kBFloat16},  {64, 1, torch::kBFloat16}, {64, 2, torch::kBFloat16},
-                                   {128, 0, torch::kBFloat16}, {128, 2, torch::kBFloat16}, {64, 2, torch::kHalf}};
+                                   {128, 0, torch::kBFloat16}, {128, 2, torch::kBFloat16}, {64, 2, torch::kHalf},
+                                   {64, 3, torch::kBFloat16},  {64, 3, torch::kHalf}};
   for (const auto& c : cases) {
     const OpCase op{"gla", Family::Gla, c.gate};
     SCOPED_TRACE("D=" + std::to_string(c.D) + " gate=" + std::to_string(c.gate));
@@ -260,8 +262,9 @@ TEST(CudaOps, FusedScalarDecayChunkMatchesFp32) {
       auto in = to_device(base, torch::kCUDA, false);
       for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
       const auto kind = ops::detail::gate_kind(in.g, B, T, H, c.D, "test");
-      ASSERT_TRUE(ops::detail::fused_scalar_decay_chunk(in.q, in.k, in.v, in.g, kind, in.h0, scale, 64).has_value())
-          << "the fused kernels should take this case";
+      const auto taken = c.gate == 3 ? ops::detail::fused_vector_decay_chunk(in.q, in.k, in.v, in.g, kind, in.h0, scale, 64)
+                                     : ops::detail::fused_scalar_decay_chunk(in.q, in.k, in.v, in.g, kind, in.h0, scale, 64);
+      ASSERT_TRUE(taken.has_value()) << "the fused kernels should take this case";
     }
     auto ref = run(torch::kFloat, false), fused = run(c.dt, true), plain = run(c.dt, false);
     const std::string line = compare_fused(ref, fused, plain, {"o", "state", "dq", "dk", "dv", "dh0", "dg"});
@@ -443,7 +446,7 @@ TEST(CudaOps, FusedDecodeStepMatchesLibtorchStep) {
 TEST(CudaMixers, FusedChunkUnderAutocastMatchesLibtorch) {
   REQUIRE_CUDA();
   const int64_t B = 2, T = 150;
-  for (const std::string kind : {"linear_attention", "retnet", "deltanet", "gated_deltanet"}) {
+  for (const std::string kind : {"linear_attention", "retnet", "gla", "deltanet", "gated_deltanet"}) {
     SCOPED_TRACE(kind);
     torch::manual_seed(5);
     MixerConfig cfg = MixerConfig::defaults_for(kind);

@@ -130,6 +130,7 @@ void bench_ops(const Settings& s) {
                                      {"mlstm", 2, 0},
                                      {"linear_attention (libtorch chunks)", 0, 0, false},
                                      {"retnet (libtorch chunks)", 0, 1, false},
+                                     {"gla (libtorch chunks)", 0, 3, false},
                                      {"deltanet (libtorch chunks)", 1, 0, false},
                                      {"gated_deltanet (libtorch chunks)", 1, 2, false}};
   std::vector<OpKind> kinds;

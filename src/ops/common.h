@@ -105,6 +105,13 @@ std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const t
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk);
 
+// The same for a decay per key channel (GLA) through ops/cuda/vector_decay_scores.cu and
+// chunk_vector_decay.cu (linear_attention_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused
+// kernels on, chunk 64, K = V = 64, q, k, v in bf16 or fp16 (or fp32 under bf16/fp16 autocast).
+std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
+                                                 const torch::Tensor& h0, double scale, int64_t chunk);
+
 // The 16-bit dtype the fused chunk kernels would run q, k, v in, or nothing when they cannot: CUDA, fused
 // kernels on, chunk 64, q, k, v of one dtype that is bf16/fp16, or fp32 under bf16/fp16 autocast (the
 // products then run in autocast's dtype, as the libtorch form would compute them). Each kernel file

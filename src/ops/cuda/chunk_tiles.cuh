@@ -2,7 +2,8 @@
 // by one block of 256 threads, 16-bit operands in shared memory, products on tensor cores (WMMA
 // 16x16x16, fp32 accumulation), fp32 state and gates. Each .cu file keeps its own shared-memory layout
 // and kernels; what they have in common lies here:
-//   - 16-bit <-> fp32 conversion of 16-byte words (Elem, unpack8, pack8, load8);
+//   - 16-bit <-> fp32 conversion of single values (to_float, from_float) and of 16-byte words (Elem,
+//     unpack8, pack8, load8);
 //   - tile products (product_tile, score_tile, tiles_into_stage, two_tiles_into_stage, accumulate_state,
 //     update_state) over
 //     row-major tiles, and x - y row by row (subtract_rows);
@@ -56,6 +57,16 @@ struct Elem {
     return x;
   }
 };
+
+// One 16-bit value <-> float.
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+template <typename E>
+__device__ E from_float(float x);
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 
 // Eight 16-bit values (one 16-byte word) <-> eight floats.
 template <typename E>

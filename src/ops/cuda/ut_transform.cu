@@ -73,13 +73,6 @@ struct ChunkAt {
   }
 };
 
-template <typename E>
-__device__ E from_float(float x);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
-
 template <typename T>
 __device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
   return reinterpret_cast<T*>(smem + offset);

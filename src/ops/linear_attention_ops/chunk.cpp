@@ -6,7 +6,8 @@
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V
 // Everything but the state recurrence is one batched op over all chunks; the recurrence is
 // detail::state_pass (a loop over chunks, or one CUDA kernel each way). All exponents are <= 0 (vector gates: see detail::gated_scores).
-// On CUDA, 16-bit inputs without a per-channel gate take the fused kernels instead (fused_chunk.cpp).
+// On CUDA, 16-bit inputs take the fused kernels instead: fused_chunk.cpp without a per-channel gate,
+// fused_vector_chunk.cpp with one (head size 64).
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; g undefined / [H] / [B,T,H] / [B,T,H,K]; inside, [B,H,N,C,D]
 // with N = ceil(T/C). T is zero-padded to N*C: zero q, k, v and zero log decay on padded steps (a
@@ -23,6 +24,7 @@ OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const auto kind = detail::gate_kind(g, B, T, H, K, "gla_chunk");
   if (auto fused = detail::fused_scalar_decay_chunk(q, k, v, g, kind, h0, scale, chunk)) return *fused;
+  if (auto fused = detail::fused_vector_decay_chunk(q, k, v, g, kind, h0, scale, chunk)) return *fused;
   const auto dt = detail::compute_dtype(v), op_dt = detail::operand_dtype(v);
   const int64_t C = chunk, Tp = detail::round_up(T, C), N = Tp / C;
 

@@ -1,0 +1,311 @@
+// Family A with a decay per key channel (GLA), head size 64: the walk over the chunks of 64, fused.
+// The chunk-parallel parts come from elsewhere: the intra-chunk scores A from vector_decay_scores.cu,
+// the row factors from libtorch (ops/linear_attention_ops/fused_vector_chunk.cpp). With G the
+// chunk-local cumulative log decay [C, K] (every exponent below is <= 0):
+//   qd = scale e^G ⊙ q,   kd = e^{Gl - G} ⊙ k,   a = e^{Gl} (one factor per key channel)
+// and S the state entering the chunk (fp32 [K, V], read by the products through a 16-bit copy):
+//   o  = qd S + A v
+//   S' = Diag(a) S + kd^T v
+// The forward also stores S for every chunk (16-bit). The backward walks the chunks in reverse with dS'
+// (the gradient of S'):
+//   dA  = do v^T on and below the diagonal (zeros above)
+//   dv  = A^T do + kd dS'
+//   dqd = do S^T,   dkd = v dS'^T,   da = Σ_v dS' ⊙ S  (per key channel, fp32)
+//   dS  = Diag(a) dS' + qd^T do
+// One thread block per (batch, head), 256 threads, every product on tensor cores (chunk_tiles.cuh).
+// Rows are heads first and padded to whole chunks: qd, kd, v, do, o [B*H, N*64, 64]; A, dA and the
+// stored states [B*H, N, 64, 64]; a, da [B*H, N, 64]; h0 and the final state [B*H, 64, 64] fp32.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "ops/cuda/chunk_tiles.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+constexpr int kD = 64;  // K = V
+
+struct Pads {
+  static constexpr int ld = kD + 8, ld32 = kD + 4;  // kC = kD: one stride for rows, scores and states
+  static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);
+  static constexpr size_t mat32 = round32(size_t{kC} * ld32 * 4);
+  static constexpr size_t vec = round32(kC * 4);
+};
+
+// Forward: qd, kd, v, A, the state (fp32 and 16-bit), one staging area, a. About 79 KiB: two blocks per SM.
+struct ForwardLayout : Pads {
+  static constexpr size_t q = 0, k = q + rows16, v = k + rows16, A = v + rows16, state = A + rows16;
+  static constexpr size_t state16 = state + mat32, stage = state16 + rows16, decay = stage + mat32;
+  static constexpr size_t bytes = decay + vec;
+};
+
+// Backward: qd, kd, v, do, A, the stored state S (16-bit), dS' (fp32 and 16-bit), one staging area, a.
+// About 97 KiB: two blocks per SM.
+struct BackwardLayout : Pads {
+  static constexpr size_t q = 0, k = q + rows16, v = k + rows16, dout = v + rows16, A = dout + rows16;
+  static constexpr size_t state16 = A + rows16, dstate = state16 + rows16, dstate16 = dstate + mat32;
+  static constexpr size_t stage = dstate16 + rows16, decay = stage + mat32, bytes = decay + vec;
+};
+
+template <typename T>
+__device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
+  return reinterpret_cast<T*>(smem + offset);
+}
+
+// Where block bh's data lie.
+struct Walk {
+  int bh, N, Tp;
+  size_t rows;  // row 0 of this head in [B*H, N*64, 64]
+  __device__ explicit Walk(int n_chunks) {
+    bh = blockIdx.x, N = n_chunks, Tp = n_chunks * kC;
+    rows = static_cast<size_t>(bh) * Tp * kD;
+  }
+  __device__ size_t square(int n) const { return (static_cast<size_t>(bh) * N + n) * kD * kD; }  // [.., 64, 64]
+  __device__ size_t channels(int n) const { return (static_cast<size_t>(bh) * N + n) * kD; }   // [.., 64]
+};
+
+// S[r, :] *= a[r] over the fp32 state [64, ld32].
+__device__ void decay_rows(float* S, const float* a) {
+  for (int i = threadIdx.x; i < kD * kD / 4; i += kThreads) {
+    const int r = i / (kD / 4), c = (i % (kD / 4)) * 4;
+    float4* p = reinterpret_cast<float4*>(S + r * Pads::ld32 + c);
+    float4 x = *p;
+    const float f = a[r];
+    x.x *= f, x.y *= f, x.z *= f, x.w *= f;
+    *p = x;
+  }
+}
+
+// The 16-bit state [64, ld] to global [64, 64].
+template <typename E>
+__device__ void store_square16(E* __restrict__ dst, const E* S16) {
+  for (int i = threadIdx.x; i < kD * kD / 8; i += kThreads) {
+    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
+    reinterpret_cast<uint4*>(dst)[i] = *reinterpret_cast<const uint4*>(S16 + r * Pads::ld + c);
+  }
+}
+
+template <typename E>
+__global__ void __launch_bounds__(kThreads, 2)
+    vector_walk_forward_kernel(const E* __restrict__ qd, const E* __restrict__ kd, const E* __restrict__ v,
+                               const E* __restrict__ A, const float* __restrict__ a, const float* __restrict__ h0,
+                               E* __restrict__ o, float* __restrict__ final_state, E* __restrict__ states, int N) {
+  using L = ForwardLayout;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sA = view<E>(smem, L::A);
+  E* S16 = view<E>(smem, L::state16);
+  float *S = view<float>(smem, L::state), *stage = view<float>(smem, L::stage), *decay = view<float>(smem, L::decay);
+  const Walk at(N);
+  const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
+
+  load_state<kD, kD>(S, L::ld32, h0 != nullptr ? h0 + state_at : nullptr);
+  __syncthreads();
+  copy_state<kD, kD>(S16, L::ld, S, L::ld32);
+  RowPrefetch<kD, E> nq, nk, nv, nA;
+  float na = 0.f;
+  auto fetch = [&](int n) {
+    const int t0 = n * kC;
+    nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp), nv.fetch(v + at.rows, kD, t0, at.Tp);
+    nA.fetch(A + at.square(n), kD, 0, kC);
+    if (threadIdx.x < kD) na = a[at.channels(n) + threadIdx.x];
+  };
+  fetch(0);
+  for (int n = 0; n < N; ++n) {
+    nq.put(sq, L::ld), nk.put(sk, L::ld), nv.put(sv, L::ld), nA.put(sA, L::ld);
+    if (threadIdx.x < kD) decay[threadIdx.x] = na;
+    if (n + 1 < N) fetch(n + 1);  // in flight while this chunk is computed
+    __syncthreads();
+    store_square16(states + at.square(n), S16);
+    decay_rows(S, decay);
+    __syncthreads();
+    // o = qd S + A v into the staging area; S += kd^T v (fp32 master only).
+    tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile<false, false>(acc, sq, L::ld, S16, L::ld, R, Cc, 0, kD / 16);
+      product_tile<false, false>(acc, sA, L::ld, sv, L::ld, R, Cc, 0, R + 1);
+    });
+    update_state<kD, kD>(S, L::ld32, 1.f, sk, L::ld, sv, L::ld);
+    __syncthreads();
+    store_rows<kD>(o + at.rows, kD, n * kC, at.Tp, stage, L::ld32);
+    copy_state<kD, kD>(S16, L::ld, S, L::ld32);
+  }
+  store_state<kD, kD>(final_state + state_at, S, L::ld32);
+}
+
+template <typename E>
+__global__ void __launch_bounds__(kThreads, 2)
+    vector_walk_backward_kernel(const E* __restrict__ qd, const E* __restrict__ kd, const E* __restrict__ v,
+                                const E* __restrict__ A, const float* __restrict__ a, const E* __restrict__ states,
+                                const E* __restrict__ dout, const float* __restrict__ d_final, E* __restrict__ dqd,
+                                E* __restrict__ dkd, E* __restrict__ dv, E* __restrict__ dA, float* __restrict__ da,
+                                float* __restrict__ d_initial, int N) {
+  using L = BackwardLayout;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sdo = view<E>(smem, L::dout);
+  E *sA = view<E>(smem, L::A), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
+  float *dS = view<float>(smem, L::dstate), *stage = view<float>(smem, L::stage), *decay = view<float>(smem, L::decay);
+  const Walk at(N);
+  const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
+
+  load_state<kD, kD>(dS, L::ld32, d_final != nullptr ? d_final + state_at : nullptr);
+  __syncthreads();
+  copy_state<kD, kD>(dS16, L::ld, dS, L::ld32);
+  RowPrefetch<kD, E> nq, nk, nv, ndo, nA, nS;
+  float na = 0.f;
+  auto fetch = [&](int n) {
+    const int t0 = n * kC;
+    nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp), nv.fetch(v + at.rows, kD, t0, at.Tp);
+    ndo.fetch(dout + at.rows, kD, t0, at.Tp), nA.fetch(A + at.square(n), kD, 0, kC);
+    nS.fetch(states + at.square(n), kD, 0, kD);
+    if (threadIdx.x < kD) na = a[at.channels(n) + threadIdx.x];
+  };
+  fetch(N - 1);
+  for (int n = N - 1; n >= 0; --n) {
+    const int t0 = n * kC;
+    nq.put(sq, L::ld), nk.put(sk, L::ld), nv.put(sv, L::ld), ndo.put(sdo, L::ld), nA.put(sA, L::ld);
+    nS.put(sS, L::ld);
+    if (threadIdx.x < kD) decay[threadIdx.x] = na;
+    if (n > 0) fetch(n - 1);  // in flight while this chunk is computed
+    __syncthreads();
+    // dA = do v^T on and below the diagonal; da = Σ_v dS' ⊙ S (four threads a row).
+    for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) score_tile<kD>(stage, L::ld32, sdo, sv, L::ld, t);
+    {
+      const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * (kD / 4);
+      float part = 0.f, s[8];
+#pragma unroll
+      for (int c = c0; c < c0 + kD / 4; c += 8) {
+        unpack8<E>(*reinterpret_cast<const uint4*>(sS + r * L::ld + c), s);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) part += dS[r * L::ld32 + c + j] * s[j];
+      }
+      part += __shfl_xor_sync(0xffffffffu, part, 1);
+      part += __shfl_xor_sync(0xffffffffu, part, 2);
+      if (threadIdx.x % 4 == 0) da[at.channels(n) + r] = part;
+    }
+    __syncthreads();
+    E* dA_out = dA + at.square(n);
+    for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
+      const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
+      float f[8] = {};
+      if (c <= r) load8(stage + r * L::ld32 + c, f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] : 0.f;
+      reinterpret_cast<uint4*>(dA_out)[i] = pack8<E>(f);
+    }
+    __syncthreads();
+    // dv = A^T do + kd dS'.
+    tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile<true, false>(acc, sA, L::ld, sdo, L::ld, R, Cc, R, kRowTiles);
+      product_tile<false, false>(acc, sk, L::ld, dS16, L::ld, R, Cc, 0, kD / 16);
+    });
+    __syncthreads();
+    store_rows<kD>(dv + at.rows, kD, t0, at.Tp, stage, L::ld32);
+    __syncthreads();
+    // dqd = do S^T.
+    tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile<false, true>(acc, sdo, L::ld, sS, L::ld, R, Cc, 0, kD / 16);
+    });
+    __syncthreads();
+    store_rows<kD>(dqd + at.rows, kD, t0, at.Tp, stage, L::ld32);
+    __syncthreads();
+    // dkd = v dS'^T (from the 16-bit copy), while the fp32 dS' takes its decay.
+    tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile<false, true>(acc, sv, L::ld, dS16, L::ld, R, Cc, 0, kD / 16);
+    });
+    decay_rows(dS, decay);
+    __syncthreads();
+    // dS = Diag(a) dS' + qd^T do.
+    store_rows<kD>(dkd + at.rows, kD, t0, at.Tp, stage, L::ld32);
+    update_state<kD, kD>(dS, L::ld32, 1.f, sq, L::ld, sdo, L::ld);
+    __syncthreads();
+    copy_state<kD, kD>(dS16, L::ld, dS, L::ld32);
+    __syncthreads();  // the next chunk's rows replace these
+  }
+  if (d_initial != nullptr) store_state<kD, kD>(d_initial + state_at, dS, L::ld32);
+}
+
+struct WalkShape {
+  int64_t BH, N;
+};
+
+WalkShape walk_shape(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v, const torch::Tensor& A,
+                     const torch::Tensor& a) {
+  const int64_t BH = qd.size(0) * qd.size(1), Tp = qd.size(2), N = Tp / kC;
+  TORCH_CHECK(qd.dim() == 4 && Tp % kC == 0 && qd.size(3) == kD && vector_decay_chunk_supported(kD, kD, qd.scalar_type()),
+              "fused vector-decay walk: expects qd [B,H,N*64,64] bf16 or fp16; got ", qd.sizes(), " ", qd.scalar_type());
+  TORCH_CHECK(kd.sizes() == qd.sizes() && v.sizes() == qd.sizes() && kd.scalar_type() == qd.scalar_type() &&
+                  v.scalar_type() == qd.scalar_type(),
+              "fused vector-decay walk: kd and v must match qd ", qd.sizes(), "; got ", kd.sizes(), " ", v.sizes());
+  TORCH_CHECK(A.sizes() == torch::IntArrayRef({qd.size(0), qd.size(1), N, kC, kC}) && A.scalar_type() == qd.scalar_type(),
+              "fused vector-decay walk: A must be [B,H,N,64,64] in qd's dtype; got ", A.sizes());
+  TORCH_CHECK(a.sizes() == torch::IntArrayRef({qd.size(0), qd.size(1), N, kD}) && a.scalar_type() == torch::kFloat,
+              "fused vector-decay walk: a must be [B,H,N,64] fp32; got ", a.sizes(), " ", a.scalar_type());
+  return WalkShape{BH, N};
+}
+
+}  // namespace
+
+bool vector_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt) {
+  return K == kD && V == kD && (dt == torch::kBFloat16 || dt == torch::kHalf);
+}
+
+VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v,
+                                      const torch::Tensor& A, const torch::Tensor& a, const torch::Tensor& h0) {
+  const WalkShape p = walk_shape(qd, kd, v, A, a);
+  const c10::cuda::CUDAGuard guard(qd.device());
+  VectorWalkForward out;
+  out.o = torch::empty_like(v);
+  out.final_state = torch::empty({qd.size(0), qd.size(1), kD, kD}, qd.options().dtype(torch::kFloat));
+  out.states = torch::empty({qd.size(0), qd.size(1), p.N, kD, kD}, qd.options());
+  if (p.N == 0 || p.BH == 0) {
+    out.final_state.copy_(h0.defined() ? h0 : torch::zeros_like(out.final_state));
+    return out;
+  }
+  dispatch_16bit(qd.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    auto kernel = vector_walk_forward_kernel<E>;
+    constexpr size_t smem = ForwardLayout::bytes;
+    allow_dynamic_smem(kernel, smem);
+    kernel<<<static_cast<unsigned>(p.BH), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        data_as<E>(qd), data_as<E>(kd), data_as<E>(v), data_as<E>(A), a.data_ptr<float>(), ptr_or_null(h0),
+        data_as<E>(out.o), out.final_state.data_ptr<float>(), data_as<E>(out.states), static_cast<int>(p.N));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v,
+                                     const torch::Tensor& A, const torch::Tensor& a, const torch::Tensor& states,
+                                     const torch::Tensor& d_out, const torch::Tensor& d_final, bool want_d_initial) {
+  const WalkShape p = walk_shape(qd, kd, v, A, a);
+  TORCH_CHECK(d_out.sizes() == v.sizes() && d_out.scalar_type() == v.scalar_type(),
+              "fused vector-decay walk: d_out must be [B,H,N*64,64] in v's dtype");
+  const c10::cuda::CUDAGuard guard(qd.device());
+  VectorWalkGrads out;
+  out.dqd = torch::empty_like(qd);
+  out.dkd = torch::empty_like(kd);
+  out.dv = torch::empty_like(v);
+  out.dA = torch::empty_like(A);
+  out.da = torch::empty_like(a);
+  if (want_d_initial) out.d_initial = torch::empty({qd.size(0), qd.size(1), kD, kD}, a.options());
+  if (p.N == 0 || p.BH == 0) {
+    if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
+    return out;
+  }
+  dispatch_16bit(qd.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    auto kernel = vector_walk_backward_kernel<E>;
+    constexpr size_t smem = BackwardLayout::bytes;
+    allow_dynamic_smem(kernel, smem);
+    kernel<<<static_cast<unsigned>(p.BH), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        data_as<E>(qd), data_as<E>(kd), data_as<E>(v), data_as<E>(A), a.data_ptr<float>(), data_as<E>(states),
+        data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dqd), data_as<E>(out.dkd), data_as<E>(out.dv),
+        data_as<E>(out.dA), out.da.data_ptr<float>(), out_or_null(out.d_initial), static_cast<int>(p.N));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+}  // namespace linearize::ops::cuda_kernels

@@ -1,0 +1,281 @@
+// Family A with a decay per key channel (GLA), head size 64: the intra-chunk scores of the chunked
+// form and their backward, one thread block per (chunk, batch*head), chunks of 64 rows:
+//   A[i, j] = scale Σ_d q[i, d] k[j, d] exp(G[i, d] - G[j, d])   for j <= i, 0 above
+// with G the chunk-local cumulative log decay (fp32). The chunk splits into four sub-chunks of 16 rows.
+// A block below the diagonal (sub-chunks I > J) is a tensor-core product through the reference row
+// m = 16 I, where both factors stay <= 1:
+//   X_m[r, d] = k[r, d] exp(G[m, d] - G[r, d])  for r < m,   q[r, d] exp(G[r, d] - G[m, d])  for r >= m
+//   A_IJ = scale X_I(rows of I) X_I(rows of J)^T
+// The four diagonal blocks take the exponentials one by one (fp32). Backward, given dA (16-bit):
+//   dq_I = scale (exp(G_I - G_m) ⊙ dA_{I,<I} X_m(rows < m)) + the diagonal part,     m = 16 I
+//   dk_J = scale (exp(G_m - G_J) ⊙ dA_{>J,J}^T X_m(rows >= m)) + the diagonal part,  m = 16 (J + 1)
+//   dG   = q ⊙ dq - k ⊙ dk   (every term of A carries exp(G_i - G_j); the diagonal's i = j cancels)
+// Rows are heads first and padded to whole chunks: q, k, dq, dk [B*H, N*64, 64] (16-bit), G, dG the same
+// in fp32; A, dA [B*H, N, 64, 64] (16-bit, zeros above the diagonal).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "ops/cuda/chunk_tiles.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+constexpr int kD = 64;     // head size
+constexpr int kSub = 16;   // rows per sub-chunk
+constexpr int kRefs = 3;   // reference rows 16, 32, 48
+
+struct Pads {
+  static constexpr int ld = kD + 8, ld32 = kD + 4;  // kC = kD: one stride for rows and scores
+  static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);
+  static constexpr size_t mat32 = round32(size_t{kC} * ld32 * 4);
+};
+
+// Forward: q, k, X_16, X_32, X_48 (16-bit), G and the scores (fp32). About 79 KiB.
+struct ForwardSmem : Pads {
+  static constexpr size_t q = 0, k = q + rows16, X = k + rows16, G = X + kRefs * rows16, stage = G + mat32;
+  static constexpr size_t bytes = stage + mat32;
+};
+
+// Backward: q, k, X_16, X_32, X_48, dA (16-bit), G, the products for dq and for dk (fp32). About 105 KiB.
+struct BackwardSmem : Pads {
+  static constexpr size_t q = 0, k = q + rows16, X = k + rows16, dA = X + kRefs * rows16, G = dA + rows16;
+  static constexpr size_t dq = G + mat32, dk = dq + mat32, bytes = dk + mat32;
+};
+
+template <typename T>
+__device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
+  return reinterpret_cast<T*>(smem + offset);
+}
+
+// Where block (chunk n, head bh) reads and writes: rows in [B*H, N*64, 64], squares in [B*H, N, 64, 64].
+struct Chunk {
+  size_t rows, square;
+  __device__ explicit Chunk(int N) {
+    const size_t n = blockIdx.x, bh = blockIdx.y;
+    rows = (bh * N + n) * kC * kD;
+    square = (bh * N + n) * kC * kC;
+  }
+};
+
+// q, k rows (16-bit) and G (fp32) of the chunk into shared memory.
+template <typename E>
+__device__ void load_chunk(E* sq, E* sk, float* sG, const E* __restrict__ q, const E* __restrict__ k,
+                           const float* __restrict__ G, const Chunk& at) {
+  for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
+    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
+    *reinterpret_cast<uint4*>(sq + r * Pads::ld + c) = reinterpret_cast<const uint4*>(q + at.rows)[i];
+    *reinterpret_cast<uint4*>(sk + r * Pads::ld + c) = reinterpret_cast<const uint4*>(k + at.rows)[i];
+  }
+  for (int i = threadIdx.x; i < kC * kD / 4; i += kThreads) {
+    const int r = i / (kD / 4), c = (i % (kD / 4)) * 4;
+    *reinterpret_cast<float4*>(sG + r * Pads::ld32 + c) = reinterpret_cast<const float4*>(G + at.rows)[i];
+  }
+}
+
+// X_m for m = 16, 32, 48 (X + (m/16 - 1) * C * ld): keys before row m decayed up to it, queries from row
+// m on decayed from it.
+template <typename E>
+__device__ void reference_rows(E* X, const E* sq, const E* sk, const float* sG) {
+  for (int i = threadIdx.x; i < kRefs * kC * kD / 8; i += kThreads) {
+    const int which = i / (kC * kD / 8), e = i % (kC * kD / 8), r = e / (kD / 8), c = (e % (kD / 8)) * 8;
+    const int m = (which + 1) * kSub;
+    const bool key = r < m;
+    float x[8], out[8];
+    unpack8<E>(*reinterpret_cast<const uint4*>((key ? sk : sq) + r * Pads::ld + c), x);
+    const float* gr = sG + r * Pads::ld32 + c;
+    const float* gm = sG + m * Pads::ld32 + c;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = x[j] * __expf(key ? gm[j] - gr[j] : gr[j] - gm[j]);
+    *reinterpret_cast<uint4*>(X + which * kC * Pads::ld + r * Pads::ld + c) = pack8<E>(out);
+  }
+}
+
+template <typename E>
+__global__ void __launch_bounds__(kThreads, 2)
+    vector_scores_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ G,
+                                 E* __restrict__ A, int N, float scale) {
+  using S = ForwardSmem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X);
+  float *sG = view<float>(smem, S::G), *stage = view<float>(smem, S::stage);
+  const Chunk at(N);
+  load_chunk(sq, sk, sG, q, k, G, at);
+  __syncthreads();
+  reference_rows(X, sq, sk, sG);
+  __syncthreads();
+  // Blocks below the diagonal, one warp each: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
+  const int warp = threadIdx.x / 32;
+  if (warp < 6) {
+    const int I = warp < 1 ? 1 : warp < 3 ? 2 : 3, J = warp - (I * (I - 1)) / 2;
+    const E* Xm = X + (I - 1) * kC * S::ld;
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    product_tile<false, true>(acc, Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
+    wmma::store_matrix_sync(stage + I * kSub * S::ld32 + J * kSub, acc, S::ld32, wmma::mem_row_major);
+  }
+  // The diagonal blocks: 4 x 136 pairs (j <= i) with the exponentials taken one by one.
+  constexpr int kPairs = kSub * (kSub + 1) / 2;
+  for (int p = threadIdx.x; p < kRowTiles * kPairs; p += kThreads) {
+    const int I = p / kPairs;
+    int e = p % kPairs, i = 0;
+    while (e > i) e -= ++i;
+    const int r = I * kSub + i, j = I * kSub + e;
+    float s = 0.f;
+    for (int c = 0; c < kD; c += 8) {
+      float qr[8], kr[8], gi[8], gj[8];
+      unpack8<E>(*reinterpret_cast<const uint4*>(sq + r * S::ld + c), qr);
+      unpack8<E>(*reinterpret_cast<const uint4*>(sk + j * S::ld + c), kr);
+      load8(sG + r * S::ld32 + c, gi);
+      load8(sG + j * S::ld32 + c, gj);
+#pragma unroll
+      for (int d = 0; d < 8; ++d) s += qr[d] * kr[d] * __expf(gi[d] - gj[d]);
+    }
+    stage[r * S::ld32 + j] = s;
+  }
+  __syncthreads();
+  E* out = A + at.square;
+  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
+    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
+    float f[8] = {};
+    if (c <= r) load8(stage + r * S::ld32 + c, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] * scale : 0.f;
+    reinterpret_cast<uint4*>(out)[i] = pack8<E>(f);
+  }
+}
+
+template <typename E>
+__global__ void __launch_bounds__(kThreads, 2)
+    vector_scores_backward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ G,
+                                  const E* __restrict__ dA, E* __restrict__ dq, E* __restrict__ dk,
+                                  float* __restrict__ dG, int N, float scale) {
+  using S = BackwardSmem;
+  extern __shared__ __align__(128) unsigned char smem[];
+  E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *sdA = view<E>(smem, S::dA);
+  float *sG = view<float>(smem, S::G), *pq = view<float>(smem, S::dq), *pk = view<float>(smem, S::dk);
+  const Chunk at(N);
+  load_chunk(sq, sk, sG, q, k, G, at);
+  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
+    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
+    *reinterpret_cast<uint4*>(sdA + r * S::ld + c) = reinterpret_cast<const uint4*>(dA + at.square)[i];
+  }
+  __syncthreads();
+  reference_rows(X, sq, sk, sG);
+  __syncthreads();
+  // Products below the diagonal: dq rows of sub-chunks 1..3 (12 tiles), dk rows of sub-chunks 0..2 (12).
+  for (int t = threadIdx.x / 32; t < 24; t += kWarps) {
+    const bool for_q = t < 12;
+    const int R = (t % 12) / (kD / 16), Cc = (t % 12) % (kD / 16);
+    Acc acc;
+    wmma::fill_fragment(acc, 0.f);
+    if (for_q) {  // sub-chunk I = R + 1 against the keys before it, reference 16 I
+      const int I = R + 1;
+      product_tile<false, false>(acc, sdA, S::ld, X + (I - 1) * kC * S::ld, S::ld, I, Cc, 0, I);
+      wmma::store_matrix_sync(pq + I * kSub * S::ld32 + Cc * kSub, acc, S::ld32, wmma::mem_row_major);
+    } else {  // sub-chunk J = R against the queries after it, reference 16 (J + 1)
+      const int J = R;
+      product_tile<true, false>(acc, sdA, S::ld, X + J * kC * S::ld, S::ld, J, Cc, J + 1, kRowTiles);
+      wmma::store_matrix_sync(pk + J * kSub * S::ld32 + Cc * kSub, acc, S::ld32, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  // Thread (I, d): the diagonal block of sub-chunk I in channel d, then its rows' results.
+  const int I = threadIdx.x / kD, d = threadIdx.x % kD, r0 = I * kSub;
+  float qc[kSub], kc[kSub], gc[kSub], dq_acc[kSub], dk_acc[kSub];
+#pragma unroll
+  for (int i = 0; i < kSub; ++i) {
+    qc[i] = to_float(sq[(r0 + i) * S::ld + d]), kc[i] = to_float(sk[(r0 + i) * S::ld + d]);
+    gc[i] = sG[(r0 + i) * S::ld32 + d];
+    dq_acc[i] = 0.f, dk_acc[i] = 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < kSub; ++i) {
+#pragma unroll
+    for (int j = 0; j <= i; ++j) {
+      const float w = to_float(sdA[(r0 + i) * S::ld + r0 + j]) * __expf(gc[i] - gc[j]);
+      dq_acc[i] += w * kc[j];
+      dk_acc[j] += w * qc[i];
+    }
+  }
+  const float g_after = I < kRowTiles - 1 ? sG[(r0 + kSub) * S::ld32 + d] : 0.f;  // reference of the dk products
+  const float g_start = sG[r0 * S::ld32 + d];                                      // reference of the dq products
+#pragma unroll
+  for (int i = 0; i < kSub; ++i) {
+    const int r = r0 + i;
+    float x = dq_acc[i], y = dk_acc[i];
+    if (I > 0) x += pq[r * S::ld32 + d] * __expf(gc[i] - g_start);
+    if (I < kRowTiles - 1) y += pk[r * S::ld32 + d] * __expf(g_after - gc[i]);
+    x *= scale, y *= scale;
+    const size_t at_row = at.rows + static_cast<size_t>(r) * kD + d;
+    dq[at_row] = from_float<E>(x);
+    dk[at_row] = from_float<E>(y);
+    dG[at_row] = qc[i] * x - kc[i] * y;
+  }
+}
+
+void check_rows(const torch::Tensor& x, const torch::Tensor& like, torch::ScalarType dt, const char* name) {
+  TORCH_CHECK(x.sizes() == like.sizes() && x.scalar_type() == dt && x.is_contiguous(), "fused vector-decay scores: ",
+              name, " must be ", like.sizes(), " ", dt, " contiguous; got ", x.sizes(), " ", x.scalar_type());
+}
+
+int64_t chunks_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G) {
+  TORCH_CHECK(q.dim() == 4 && q.size(2) % kC == 0 && q.size(3) == kD &&
+                  vector_decay_chunk_supported(kD, kD, q.scalar_type()) && q.is_contiguous(),
+              "fused vector-decay scores: expects q [B,H,N*64,64] bf16 or fp16; got ", q.sizes(), " ", q.scalar_type());
+  TORCH_CHECK(q.size(0) * q.size(1) <= 65535, "fused vector-decay scores: at most 65535 (batch, head) pairs");
+  check_rows(k, q, q.scalar_type(), "k");
+  check_rows(G, q, torch::kFloat, "G");
+  return q.size(2) / kC;
+}
+
+}  // namespace
+
+torch::Tensor vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
+                                    double scale) {
+  const int64_t N = chunks_of(q, k, G), BH = q.size(0) * q.size(1);
+  const c10::cuda::CUDAGuard guard(q.device());
+  auto A = torch::empty({q.size(0), q.size(1), N, kC, kC}, q.options());
+  if (N == 0 || BH == 0) return A;
+  dispatch_16bit(q.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    auto kernel = vector_scores_forward_kernel<E>;
+    constexpr size_t smem = ForwardSmem::bytes;
+    allow_dynamic_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(BH));
+    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        data_as<E>(q), data_as<E>(k), G.data_ptr<float>(), data_as<E>(A), static_cast<int>(N), static_cast<float>(scale));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return A;
+}
+
+VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
+                                         const torch::Tensor& dA, double scale) {
+  const int64_t N = chunks_of(q, k, G), BH = q.size(0) * q.size(1);
+  TORCH_CHECK(dA.sizes() == torch::IntArrayRef({q.size(0), q.size(1), N, kC, kC}) &&
+                  dA.scalar_type() == q.scalar_type() && dA.is_contiguous(),
+              "fused vector-decay scores: dA must be [B,H,N,64,64] in q's dtype, contiguous; got ", dA.sizes());
+  const c10::cuda::CUDAGuard guard(q.device());
+  VectorScoresGrads out;
+  out.dq = torch::empty_like(q);
+  out.dk = torch::empty_like(k);
+  out.dG = torch::empty_like(G);
+  if (N == 0 || BH == 0) return out;
+  dispatch_16bit(q.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    auto kernel = vector_scores_backward_kernel<E>;
+    constexpr size_t smem = BackwardSmem::bytes;
+    allow_dynamic_smem(kernel, smem);
+    const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(BH));
+    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+        data_as<E>(q), data_as<E>(k), G.data_ptr<float>(), data_as<E>(dA), data_as<E>(out.dq), data_as<E>(out.dk),
+        out.dG.data_ptr<float>(), static_cast<int>(N), static_cast<float>(scale));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+}  // namespace linearize::ops::cuda_kernels

@@ -1,0 +1,102 @@
+// Family A with a decay per key channel (GLA) through fused CUDA kernels, head size 64 (see common.h,
+// detail::fused_vector_decay_chunk). The chunked form of chunk.cpp in three parts:
+//   G  = the chunk-local cumulative log decay [B,H,N,64,K]                     (libtorch, fp32)
+//   A  = the intra-chunk scores                                               (vector_decay_scores.cu)
+//   qd = scale e^G ⊙ q,  kd = e^{Gl - G} ⊙ k,  a = e^{Gl}                       (libtorch, then 16-bit)
+//   o, S_T = the walk over the chunks from qd, kd, v, A and a                  (chunk_vector_decay.cu)
+// Two autograd functions for the kernels; autograd carries the rest, so the decay's gradient comes from
+// the kernels' dG (the scores) and da (the walk) through G's libtorch ops.
+#include <cstdint>
+
+#include "ops/common.h"
+#include "ops/ops.h"
+
+#ifdef LINEARIZE_WITH_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace linearize::ops::detail {
+
+#ifdef LINEARIZE_WITH_CUDA
+namespace {
+
+using cuda_kernels::present;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// q, k [B,H,N*64,64] (one 16-bit dtype), G the same in fp32 -> A [B,H,N,64,64].
+struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& G, double scale) {
+    ctx->save_for_backward({q, k, G});
+    ctx->saved_data["scale"] = scale;
+    return {cuda_kernels::vector_scores_forward(q, k, G, scale)};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &G = saved[2];
+    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    auto r = cuda_kernels::vector_scores_backward(q, k, G, aligned_rows(grads[0].to(q.scalar_type())),
+                                                  ctx->saved_data["scale"].toDouble());
+    return {r.dq, r.dk, r.dG, torch::Tensor()};
+  }
+};
+
+// qd, kd, v [B,H,N*64,64] (one 16-bit dtype), A [B,H,N,64,64], a [B,H,N,64] fp32, h0 fp32 or empty
+// -> o [B,H,N*64,64], the final state.
+struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& qd, const torch::Tensor& kd,
+                               const torch::Tensor& v, const torch::Tensor& A, const torch::Tensor& a,
+                               const torch::Tensor& h0) {
+    auto r = cuda_kernels::vector_walk_forward(qd, kd, v, A, a, present(h0));
+    ctx->save_for_backward({qd, kd, v, A, a, h0});
+    ctx->saved_data["states"] = r.states;
+    return {r.o, r.final_state};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &qd = saved[0], &kd = saved[1], &v = saved[2], &A = saved[3], &a = saved[4];
+    const auto h0 = present(saved[5]);
+    auto d_out = grads[0].defined() ? aligned_rows(grads[0].to(v.scalar_type())) : torch::zeros_like(v);
+    auto d_final = grads[1].defined() ? aligned_rows(grads[1].to(torch::kFloat)) : torch::Tensor();
+    auto r = cuda_kernels::vector_walk_backward(qd, kd, v, A, a, ctx->saved_data["states"].toTensor(), d_out,
+                                                d_final, h0.defined());
+    return {r.dqd, r.dkd, r.dv, r.dA, r.da, h0.defined() ? r.d_initial : torch::Tensor()};
+  }
+};
+
+}  // namespace
+#endif
+
+std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
+                                                 const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
+                                                 const torch::Tensor& h0, double scale, int64_t chunk) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (kind != GateKind::Vector) return std::nullopt;
+  const auto dt = fused_chunk_dtype(q, k, v, chunk);
+  if (!dt || !cuda_kernels::vector_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
+  if (B * H > 65535) return std::nullopt;  // the scores kernels' grid rows
+  const int64_t C = chunk, Tp = round_up(T, C), N = Tp / C;
+  auto rows = [&](const torch::Tensor& x) {  // [B,T,H,D] -> [B,H,N*C,D] in the kernels' dtype, zero past T
+    return aligned_rows(pad_dim(to_heads_first(x, *dt), 2, Tp, 0.0));
+  };
+  auto q16 = rows(q), k16 = rows(k), v16 = rows(v);
+  auto G = pad_dim(gate_heads_first(g, kind, B, T, torch::kFloat), 2, Tp, 0.0).reshape({B, H, N, C, K}).cumsum(3);
+  auto A = VectorScoresFunction::apply(q16, k16, G.reshape({B, H, Tp, K}).contiguous(), scale)[0];
+  auto Gl = G.select(3, C - 1);  // [B,H,N,K]
+  auto qd = (q16.reshape({B, H, N, C, K}).to(torch::kFloat) * (G.exp() * scale)).to(*dt).reshape({B, H, Tp, K});
+  auto kd = (k16.reshape({B, H, N, C, K}).to(torch::kFloat) * (Gl.unsqueeze(3) - G).exp()).to(*dt).reshape({B, H, Tp, K});
+  auto out = VectorWalkFunction::apply(aligned_rows(qd), aligned_rows(kd), v16, A, Gl.exp().contiguous(),
+                                       kernel_state(h0, q.options()));
+  auto o = out[0].narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
+  return OpResult{o, out[1]};
+#else
+  (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
+  return std::nullopt;
+#endif
+}
+
+}  // namespace linearize::ops::detail
