@@ -87,20 +87,6 @@ struct Rows {
   __device__ size_t stored_state(int n, int N) const { return (static_cast<size_t>(bh) * N + n) * kHead * kHead; }
 };
 
-template <typename T>
-__device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
-  return reinterpret_cast<T*>(smem + offset);
-}
-
-// The 16-bit state [64, ld] to global [64, 64].
-template <typename E>
-__device__ void store_state16(E* __restrict__ dst, const E* S16, int ld) {
-  for (int i = threadIdx.x; i < kHead * kHead / 8; i += kThreads) {
-    const int r = i / (kHead / 8), c = (i % (kHead / 8)) * 8;
-    reinterpret_cast<uint4*>(dst)[i] = *reinterpret_cast<const uint4*>(S16 + r * ld + c);
-  }
-}
-
 template <typename E>
 __global__ void __launch_bounds__(kThreads, 2)
     delta_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ w,
@@ -133,7 +119,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     chunk_gates(G, ng);
     if (n + 1 < p.N) ng = fetch(t0 + kC);  // in flight while this chunk is computed
     __syncthreads();
-    store_state16(states + rows.stored_state(n, p.N), S16, L::ld);
+    store_state16<D, D>(states + rows.stored_state(n, p.N), S16, L::ld);
     // w S (the state's share of every row's write) and the raw scores q k^T, side by side.
     constexpr int kWS = kRowTiles * (D / 16);
     for (int t = warp; t < kWS + kLowerTiles; t += kWarps) {

@@ -11,7 +11,8 @@
 //     optional fp32 row sums (store_rows);
 //   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
 //     from them (scale_rows, decay_mask);
-//   - fp32 state in and out of shared memory (load_state, store_state, copy_state).
+//   - fp32 state in and out of shared memory (load_state, store_state, copy_state, store_state16);
+//   - views of the dynamic shared memory by byte offset (view).
 // Included only by .cu files: everything here is device code in an unnamed namespace.
 #pragma once
 #include <cuda_bf16.h>
@@ -89,6 +90,12 @@ __device__ __forceinline__ void load8(const float* src, float (&f)[8]) {
 }
 
 constexpr size_t round32(size_t x) { return (x + 31) / 32 * 32; }
+
+// A region of the dynamic shared memory (the kernels' layouts give byte offsets).
+template <typename T>
+__device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
+  return reinterpret_cast<T*>(smem + offset);
+}
 
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
@@ -313,6 +320,15 @@ __device__ void copy_state(E* dst, int ld, const float* S, int ld32) {
     float f[8];
     load8(S + r * ld32 + c, f);
     *reinterpret_cast<uint4*>(dst + r * ld + c) = pack8<E>(f);
+  }
+}
+
+// The 16-bit copy of a state [K, ld] to global [K, V].
+template <int K, int V, typename E>
+__device__ void store_state16(E* __restrict__ dst, const E* S16, int ld) {
+  for (int i = threadIdx.x; i < K * V / 8; i += kThreads) {
+    const int r = i / (V / 8), c = (i % (V / 8)) * 8;
+    reinterpret_cast<uint4*>(dst)[i] = *reinterpret_cast<const uint4*>(S16 + r * ld + c);
   }
 }
 

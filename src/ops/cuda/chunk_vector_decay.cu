@@ -50,11 +50,6 @@ struct BackwardLayout : Pads {
   static constexpr size_t stage = dstate16 + rows16, decay = stage + mat32, bytes = decay + vec;
 };
 
-template <typename T>
-__device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
-  return reinterpret_cast<T*>(smem + offset);
-}
-
 // Where block bh's data lie.
 struct Walk {
   int bh, N, Tp;
@@ -76,15 +71,6 @@ __device__ void decay_rows(float* S, const float* a) {
     const float f = a[r];
     x.x *= f, x.y *= f, x.z *= f, x.w *= f;
     *p = x;
-  }
-}
-
-// The 16-bit state [64, ld] to global [64, 64].
-template <typename E>
-__device__ void store_square16(E* __restrict__ dst, const E* S16) {
-  for (int i = threadIdx.x; i < kD * kD / 8; i += kThreads) {
-    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
-    reinterpret_cast<uint4*>(dst)[i] = *reinterpret_cast<const uint4*>(S16 + r * Pads::ld + c);
   }
 }
 
@@ -118,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (threadIdx.x < kD) decay[threadIdx.x] = na;
     if (n + 1 < N) fetch(n + 1);  // in flight while this chunk is computed
     __syncthreads();
-    store_square16(states + at.square(n), S16);
+    store_state16<kD, kD>(states + at.square(n), S16, L::ld);
     decay_rows(S, decay);
     __syncthreads();
     // o = qd S + A v into the staging area; S += kd^T v (fp32 master only).

@@ -141,18 +141,24 @@ UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, co
 // first and padded to whole chunks: [B,H,N*64,64].
 bool vector_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt);
 
-// The intra-chunk scores (ops/cuda/vector_decay_scores.cu): A [B,H,N,64,64] (q's dtype, zeros above the
-// diagonal), A[i,j] = scale Σ_d q[i,d] k[j,d] exp(G[i,d] - G[j,d]) for j <= i, from q, k (one 16-bit dtype)
-// and G the chunk-local cumulative log decay (fp32), all [B,H,N*64,64] contiguous.
-torch::Tensor vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
-                                    double scale);
-// Its backward given dA (q's dtype, contiguous; only the part on and below the diagonal is read): dq, dk
-// (q's dtype) and dG (fp32).
+// The intra-chunk scores and the walk's row factors (ops/cuda/vector_decay_scores.cu), from q, k (one
+// 16-bit dtype) and G the chunk-local cumulative log decay (fp32), all [B,H,N*64,64] contiguous:
+// A [B,H,N,64,64] (q's dtype, zeros above the diagonal), A[i,j] = scale Σ_d q[i,d] k[j,d] exp(G[i,d] - G[j,d])
+// for j <= i; qd = scale e^G ⊙ q and kd = e^{Gl - G} ⊙ k (q's dtype); a = e^{Gl} [B,H,N,64] fp32, Gl the
+// chunk's last row of G.
+struct VectorScoresForward {
+  torch::Tensor A, qd, kd, a;
+};
+VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
+                                          double scale);
+// Its backward given dA, dqd, dkd (q's dtype, contiguous; only dA's part on and below the diagonal is read)
+// and da (fp32): dq, dk (q's dtype) and dG (fp32).
 struct VectorScoresGrads {
   torch::Tensor dq, dk, dG;
 };
 VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
-                                         const torch::Tensor& dA, double scale);
+                                         const torch::Tensor& dA, const torch::Tensor& dqd, const torch::Tensor& dkd,
+                                         const torch::Tensor& da, double scale);
 
 // The walk over the chunks (ops/cuda/chunk_vector_decay.cu): o = qd S + A v, S' = Diag(a) S + kd^T v per
 // chunk. qd, kd, v [B,H,N*64,64] contiguous (one 16-bit dtype); A [B,H,N,64,64] (the same dtype); a

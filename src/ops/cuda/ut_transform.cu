@@ -73,11 +73,6 @@ struct ChunkAt {
   }
 };
 
-template <typename T>
-__device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
-  return reinterpret_cast<T*>(smem + offset);
-}
-
 // beta of the chunk's rows (zeros past T) and the gates (chunk_gates: G, e^G, e^{Gl-G}).
 __device__ void load_beta_and_gates(float* beta, float* G, const float* __restrict__ b, const float* __restrict__ g,
                                     const ChunkAt& at, int T) {

@@ -10,8 +10,13 @@
 //   dq_I = scale (exp(G_I - G_m) ⊙ dA_{I,<I} X_m(rows < m)) + the diagonal part,     m = 16 I
 //   dk_J = scale (exp(G_m - G_J) ⊙ dA_{>J,J}^T X_m(rows >= m)) + the diagonal part,  m = 16 (J + 1)
 //   dG   = q ⊙ dq - k ⊙ dk   (every term of A carries exp(G_i - G_j); the diagonal's i = j cancels)
-// Rows are heads first and padded to whole chunks: q, k, dq, dk [B*H, N*64, 64] (16-bit), G, dG the same
-// in fp32; A, dA [B*H, N, 64, 64] (16-bit, zeros above the diagonal).
+// The same kernels give the walk's row factors (chunk_vector_decay.cu), with Gl = G[63]:
+//   qd = scale e^G ⊙ q,   kd = e^{Gl - G} ⊙ k,   a = e^{Gl}
+// and take their gradients back: dq += scale e^G ⊙ dqd, dk += e^{Gl - G} ⊙ dkd, then dG = q ⊙ dq - k ⊙ dk
+// with both sums whole, plus Σ_r kd ⊙ dkd + a ⊙ da at row 63 (Gl).
+// Rows are heads first and padded to whole chunks: q, k, qd, kd and their gradients [B*H, N*64, 64]
+// (16-bit), G, dG the same in fp32; A, dA [B*H, N, 64, 64] (16-bit, zeros above the diagonal); a, da
+// [B*H, N, 64] fp32.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -45,18 +50,15 @@ struct BackwardSmem : Pads {
   static constexpr size_t dq = G + mat32, dk = dq + mat32, bytes = dk + mat32;
 };
 
-template <typename T>
-__device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
-  return reinterpret_cast<T*>(smem + offset);
-}
-
 // Where block (chunk n, head bh) reads and writes: rows in [B*H, N*64, 64], squares in [B*H, N, 64, 64].
 struct Chunk {
   size_t rows, square;
+  size_t channels;  // in [B*H, N, 64]
   __device__ explicit Chunk(int N) {
     const size_t n = blockIdx.x, bh = blockIdx.y;
     rows = (bh * N + n) * kC * kD;
     square = (bh * N + n) * kC * kC;
+    channels = (bh * N + n) * kD;
   }
 };
 
@@ -96,7 +98,8 @@ __device__ void reference_rows(E* X, const E* sq, const E* sk, const float* sG) 
 template <typename E>
 __global__ void __launch_bounds__(kThreads, 2)
     vector_scores_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ G,
-                                 E* __restrict__ A, int N, float scale) {
+                                 E* __restrict__ A, E* __restrict__ qd, E* __restrict__ kd, float* __restrict__ a,
+                                 int N, float scale) {
   using S = ForwardSmem;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X);
@@ -105,6 +108,20 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_chunk(sq, sk, sG, q, k, G, at);
   __syncthreads();
   reference_rows(X, sq, sk, sG);
+  // The walk's row factors.
+  const float* Gl = sG + (kC - 1) * S::ld32;
+  for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
+    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
+    float qr[8], kr[8], g[8];
+    unpack8<E>(*reinterpret_cast<const uint4*>(sq + r * S::ld + c), qr);
+    unpack8<E>(*reinterpret_cast<const uint4*>(sk + r * S::ld + c), kr);
+    load8(sG + r * S::ld32 + c, g);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) qr[j] *= scale * __expf(g[j]), kr[j] *= __expf(Gl[c + j] - g[j]);
+    reinterpret_cast<uint4*>(qd + at.rows)[i] = pack8<E>(qr);
+    reinterpret_cast<uint4*>(kd + at.rows)[i] = pack8<E>(kr);
+  }
+  if (threadIdx.x < kD) a[at.channels + threadIdx.x] = __expf(Gl[threadIdx.x]);
   __syncthreads();
   // Blocks below the diagonal, one warp each: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
   const int warp = threadIdx.x / 32;
@@ -150,7 +167,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 template <typename E>
 __global__ void __launch_bounds__(kThreads, 2)
     vector_scores_backward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ G,
-                                  const E* __restrict__ dA, E* __restrict__ dq, E* __restrict__ dk,
+                                  const E* __restrict__ dA, const E* __restrict__ dqd, const E* __restrict__ dkd,
+                                  const float* __restrict__ da, E* __restrict__ dq, E* __restrict__ dk,
                                   float* __restrict__ dG, int N, float scale) {
   using S = BackwardSmem;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -202,17 +220,35 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   const float g_after = I < kRowTiles - 1 ? sG[(r0 + kSub) * S::ld32 + d] : 0.f;  // reference of the dk products
   const float g_start = sG[r0 * S::ld32 + d];                                      // reference of the dq products
+  const float g_last = sG[(kC - 1) * S::ld32 + d];
+  float kd_dkd = 0.f, dG_last = 0.f;  // Σ over this thread's rows of kd ⊙ dkd; dG of row 63 (I = 3)
 #pragma unroll
   for (int i = 0; i < kSub; ++i) {
     const int r = r0 + i;
+    const size_t at_row = at.rows + static_cast<size_t>(r) * kD + d;
     float x = dq_acc[i], y = dk_acc[i];
     if (I > 0) x += pq[r * S::ld32 + d] * __expf(gc[i] - g_start);
     if (I < kRowTiles - 1) y += pk[r * S::ld32 + d] * __expf(g_after - gc[i]);
-    x *= scale, y *= scale;
-    const size_t at_row = at.rows + static_cast<size_t>(r) * kD + d;
+    const float eq = scale * __expf(gc[i]), ek = __expf(g_last - gc[i]), dkd_r = to_float(dkd[at_row]);
+    x = x * scale + eq * to_float(dqd[at_row]);
+    y = y * scale + ek * dkd_r;
+    kd_dkd += kc[i] * ek * dkd_r;
     dq[at_row] = from_float<E>(x);
     dk[at_row] = from_float<E>(y);
-    dG[at_row] = qc[i] * x - kc[i] * y;
+    const float g = qc[i] * x - kc[i] * y;
+    if (r == kC - 1) dG_last = g;
+    else dG[at_row] = g;
+  }
+  // Row 63 also carries Gl: Σ_r kd ⊙ dkd over the whole chunk and a ⊙ da.
+  float* sums = pq;  // the dq products are read
+  __syncthreads();
+  sums[I * kD + d] = kd_dkd;
+  __syncthreads();
+  if (I == kRowTiles - 1) {
+    float total = dG_last + __expf(g_last) * da[at.channels + d];
+#pragma unroll
+    for (int j = 0; j < kRowTiles; ++j) total += sums[j * kD + d];
+    dG[at.rows + static_cast<size_t>(kC - 1) * kD + d] = total;
   }
 }
 
@@ -233,12 +269,16 @@ int64_t chunks_of(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 
 }  // namespace
 
-torch::Tensor vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
-                                    double scale) {
+VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
+                                          double scale) {
   const int64_t N = chunks_of(q, k, G), BH = q.size(0) * q.size(1);
   const c10::cuda::CUDAGuard guard(q.device());
-  auto A = torch::empty({q.size(0), q.size(1), N, kC, kC}, q.options());
-  if (N == 0 || BH == 0) return A;
+  VectorScoresForward out;
+  out.A = torch::empty({q.size(0), q.size(1), N, kC, kC}, q.options());
+  out.qd = torch::empty_like(q);
+  out.kd = torch::empty_like(k);
+  out.a = torch::empty({q.size(0), q.size(1), N, kD}, G.options());
+  if (N == 0 || BH == 0) return out;
   dispatch_16bit(q.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
     auto kernel = vector_scores_forward_kernel<E>;
@@ -246,18 +286,25 @@ torch::Tensor vector_scores_forward(const torch::Tensor& q, const torch::Tensor&
     allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(BH));
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        data_as<E>(q), data_as<E>(k), G.data_ptr<float>(), data_as<E>(A), static_cast<int>(N), static_cast<float>(scale));
+        data_as<E>(q), data_as<E>(k), G.data_ptr<float>(), data_as<E>(out.A), data_as<E>(out.qd), data_as<E>(out.kd),
+        out.a.data_ptr<float>(), static_cast<int>(N), static_cast<float>(scale));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
-  return A;
+  return out;
 }
 
 VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
-                                         const torch::Tensor& dA, double scale) {
+                                         const torch::Tensor& dA, const torch::Tensor& dqd, const torch::Tensor& dkd,
+                                         const torch::Tensor& da, double scale) {
   const int64_t N = chunks_of(q, k, G), BH = q.size(0) * q.size(1);
   TORCH_CHECK(dA.sizes() == torch::IntArrayRef({q.size(0), q.size(1), N, kC, kC}) &&
                   dA.scalar_type() == q.scalar_type() && dA.is_contiguous(),
               "fused vector-decay scores: dA must be [B,H,N,64,64] in q's dtype, contiguous; got ", dA.sizes());
+  check_rows(dqd, q, q.scalar_type(), "dqd");
+  check_rows(dkd, q, q.scalar_type(), "dkd");
+  TORCH_CHECK(da.sizes() == torch::IntArrayRef({q.size(0), q.size(1), N, kD}) && da.scalar_type() == torch::kFloat &&
+                  da.is_contiguous(),
+              "fused vector-decay scores: da must be [B,H,N,64] fp32, contiguous; got ", da.sizes());
   const c10::cuda::CUDAGuard guard(q.device());
   VectorScoresGrads out;
   out.dq = torch::empty_like(q);
@@ -271,8 +318,9 @@ VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Te
     allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>(BH));
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        data_as<E>(q), data_as<E>(k), G.data_ptr<float>(), data_as<E>(dA), data_as<E>(out.dq), data_as<E>(out.dk),
-        out.dG.data_ptr<float>(), static_cast<int>(N), static_cast<float>(scale));
+        data_as<E>(q), data_as<E>(k), G.data_ptr<float>(), data_as<E>(dA), data_as<E>(dqd), data_as<E>(dkd),
+        da.data_ptr<float>(), data_as<E>(out.dq), data_as<E>(out.dk), out.dG.data_ptr<float>(), static_cast<int>(N),
+        static_cast<float>(scale));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

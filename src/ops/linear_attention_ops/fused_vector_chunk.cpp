@@ -1,11 +1,11 @@
 // Family A with a decay per key channel (GLA) through fused CUDA kernels, head size 64 (see common.h,
 // detail::fused_vector_decay_chunk). The chunked form of chunk.cpp in three parts:
 //   G  = the chunk-local cumulative log decay [B,H,N,64,K]                     (libtorch, fp32)
-//   A  = the intra-chunk scores                                               (vector_decay_scores.cu)
-//   qd = scale e^G ⊙ q,  kd = e^{Gl - G} ⊙ k,  a = e^{Gl}                       (libtorch, then 16-bit)
+//   A, the intra-chunk scores, and the row factors
+//   qd = scale e^G ⊙ q,  kd = e^{Gl - G} ⊙ k,  a = e^{Gl}                       (vector_decay_scores.cu)
 //   o, S_T = the walk over the chunks from qd, kd, v, A and a                  (chunk_vector_decay.cu)
-// Two autograd functions for the kernels; autograd carries the rest, so the decay's gradient comes from
-// the kernels' dG (the scores) and da (the walk) through G's libtorch ops.
+// Two autograd functions for the kernels; the scores' backward takes the walk's dqd, dkd and da back to
+// q, k and G, and autograd carries dG through G's cumulative sum to the gate.
 #include <cstdint>
 
 #include "ops/common.h"
@@ -24,21 +24,28 @@ using cuda_kernels::present;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// q, k [B,H,N*64,64] (one 16-bit dtype), G the same in fp32 -> A [B,H,N,64,64].
+// q, k [B,H,N*64,64] (one 16-bit dtype), G the same in fp32 -> A [B,H,N,64,64], qd, kd (q's dtype) and a
+// [B,H,N,64] fp32.
 struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& G, double scale) {
     ctx->save_for_backward({q, k, G});
     ctx->saved_data["scale"] = scale;
-    return {cuda_kernels::vector_scores_forward(q, k, G, scale)};
+    auto r = cuda_kernels::vector_scores_forward(q, k, G, scale);
+    return {r.A, r.qd, r.kd, r.a};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &G = saved[2];
-    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-    auto r = cuda_kernels::vector_scores_backward(q, k, G, aligned_rows(grads[0].to(q.scalar_type())),
-                                                  ctx->saved_data["scale"].toDouble());
+    const int64_t B = q.size(0), H = q.size(1), N = q.size(2) / 64;
+    auto grad = [&](const torch::Tensor& d, torch::IntArrayRef shape, torch::ScalarType dt) {  // zeros when absent
+      return d.defined() ? aligned_rows(d.to(dt)) : torch::zeros(shape, q.options().dtype(dt));
+    };
+    auto r = cuda_kernels::vector_scores_backward(
+        q, k, G, grad(grads[0], {B, H, N, 64, 64}, q.scalar_type()), grad(grads[1], q.sizes(), q.scalar_type()),
+        grad(grads[2], q.sizes(), q.scalar_type()), grad(grads[3], {B, H, N, 64}, torch::kFloat),
+        ctx->saved_data["scale"].toDouble());
     return {r.dq, r.dk, r.dG, torch::Tensor()};
   }
 };
@@ -85,12 +92,8 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   };
   auto q16 = rows(q), k16 = rows(k), v16 = rows(v);
   auto G = pad_dim(gate_heads_first(g, kind, B, T, torch::kFloat), 2, Tp, 0.0).reshape({B, H, N, C, K}).cumsum(3);
-  auto A = VectorScoresFunction::apply(q16, k16, G.reshape({B, H, Tp, K}).contiguous(), scale)[0];
-  auto Gl = G.select(3, C - 1);  // [B,H,N,K]
-  auto qd = (q16.reshape({B, H, N, C, K}).to(torch::kFloat) * (G.exp() * scale)).to(*dt).reshape({B, H, Tp, K});
-  auto kd = (k16.reshape({B, H, N, C, K}).to(torch::kFloat) * (Gl.unsqueeze(3) - G).exp()).to(*dt).reshape({B, H, Tp, K});
-  auto out = VectorWalkFunction::apply(aligned_rows(qd), aligned_rows(kd), v16, A, Gl.exp().contiguous(),
-                                       kernel_state(h0, q.options()));
+  auto parts = VectorScoresFunction::apply(q16, k16, G.reshape({B, H, Tp, K}).contiguous(), scale);  // A, qd, kd, a
+  auto out = VectorWalkFunction::apply(parts[1], parts[2], v16, parts[0], parts[3], kernel_state(h0, q.options()));
   auto o = out[0].narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
   return OpResult{o, out[1]};
 #else
