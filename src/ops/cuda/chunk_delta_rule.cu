@@ -36,12 +36,9 @@ constexpr int kHead = 64;  // K = V
 
 // Shared memory. 16-bit rows are padded by 8 elements and fp32 rows by 4 (as in chunk_scalar_decay.cu).
 // The staging areas hold fp32 [C, D] results or raw [C, C] scores (C = D = 64: one row stride ld32).
-struct Pads {
-  static constexpr int ld = kHead + 8, ldc = kC + 8, ld32 = kHead + 4;
-  static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);     // a chunk's rows or a 16-bit state
-  static constexpr size_t state32 = round32(size_t{kHead} * ld32 * 4);
-  static constexpr size_t scores16 = round32(size_t{kC} * ldc * 2);
-  static constexpr size_t stage32 = round32(size_t{kC} * ld32 * 4);
+struct Pads : Pads64 {
+  static constexpr int ldc = ld;                                        // 16-bit [C, C] scores
+  static constexpr size_t state32 = mat32, scores16 = rows16, stage32 = mat32;
   static constexpr size_t gates = 3 * kC * 4;                          // G, e^G, e^{Gl - G}
 };
 

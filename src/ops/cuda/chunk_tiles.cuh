@@ -91,6 +91,16 @@ __device__ __forceinline__ void load8(const float* src, float (&f)[8]) {
 
 constexpr size_t round32(size_t x) { return (x + 31) / 32 * 32; }
 
+// Strides and sizes in shared memory for the head-size-64 kernels, where a chunk's rows, its scores and a
+// state are all 64 x 64: 16-bit rows padded by 8 elements, fp32 rows by 4 (tile pointers stay 32-byte
+// aligned, as WMMA needs, and rows do not start on the same bank).
+struct Pads64 {
+  static constexpr int ld = 64 + 8, ld32 = 64 + 4;
+  static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);   // [64, ld] 16-bit
+  static constexpr size_t mat32 = round32(size_t{kC} * ld32 * 4);  // [64, ld32] fp32
+  static constexpr size_t vec = round32(kC * 4);                   // [64] fp32
+};
+
 // A region of the dynamic shared memory (the kernels' layouts give byte offsets).
 template <typename T>
 __device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {

@@ -28,12 +28,7 @@ namespace {
 
 constexpr int kD = 64;  // K = V
 
-struct Pads {
-  static constexpr int ld = kD + 8, ld32 = kD + 4;  // kC = kD: one stride for rows, scores and states
-  static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);
-  static constexpr size_t mat32 = round32(size_t{kC} * ld32 * 4);
-  static constexpr size_t vec = round32(kC * 4);
-};
+using Pads = Pads64;
 
 // Forward: qd, kd, v, A, the state (fp32 and 16-bit), one staging area, a. About 79 KiB: two blocks per SM.
 struct ForwardLayout : Pads {

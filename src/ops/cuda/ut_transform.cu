@@ -25,11 +25,8 @@ namespace {
 
 constexpr int kD = 64;  // head size (K = V)
 
-struct Sizes {
-  static constexpr int ld = kD + 8, ldc = kC + 8, ld32 = kD + 4;  // kC = kD: one fp32 stride for all
-  static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);
-  static constexpr size_t mat32 = round32(size_t{kC} * ld32 * 4);
-  static constexpr size_t vec = round32(kC * 4);
+struct Sizes : Pads64 {
+  static constexpr int ldc = ld;  // 16-bit [C, C] scores
 };
 
 // Forward: k, v, Kb then T16, Kg, Vb (16-bit), L and T (fp32), gates and beta; W is staged where L was

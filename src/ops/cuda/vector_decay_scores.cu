@@ -32,11 +32,7 @@ constexpr int kD = 64;     // head size
 constexpr int kSub = 16;   // rows per sub-chunk
 constexpr int kRefs = 3;   // reference rows 16, 32, 48
 
-struct Pads {
-  static constexpr int ld = kD + 8, ld32 = kD + 4;  // kC = kD: one stride for rows and scores
-  static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);
-  static constexpr size_t mat32 = round32(size_t{kC} * ld32 * 4);
-};
+using Pads = Pads64;
 
 // Forward: q, k, X_16, X_32, X_48 (16-bit), G and the scores (fp32). About 79 KiB.
 struct ForwardSmem : Pads {
