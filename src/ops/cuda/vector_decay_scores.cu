@@ -5,7 +5,7 @@
 // A block below the diagonal (sub-chunks I > J) is a tensor-core product through the reference row
 // m = 16 I, where both factors stay <= 1:
 //   X_m[r, d] = k[r, d] exp(G[m, d] - G[r, d])  for r < m,   q[r, d] exp(G[r, d] - G[m, d])  for r >= m
-//   A_IJ = scale X_I(rows of I) X_I(rows of J)^T
+//   A_IJ = scale X_m(rows of I) X_m(rows of J)^T,   m = 16 I
 // The four diagonal blocks take the exponentials one by one (fp32). Backward, given dA (16-bit):
 //   dq_I = scale (exp(G_I - G_m) ⊙ dA_{I,<I} X_m(rows < m)) + the diagonal part,     m = 16 I
 //   dk_J = scale (exp(G_m - G_J) ⊙ dA_{>J,J}^T X_m(rows >= m)) + the diagonal part,  m = 16 (J + 1)
