@@ -172,9 +172,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* dots_q = dot_q != nullptr ? dot_q + rows.steps : nullptr;
   float* dots_k = dot_k != nullptr ? dot_k + rows.steps : nullptr;
   float* dots_w = dot_w != nullptr ? dot_w + static_cast<size_t>(rows.bh) * rows.Tp : nullptr;
-  auto scores_into_stage = [&](const E* X, const E* Y) {  // raw lower X Y^T
-    for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) score_tile<D>(stage, L::ld32, X, Y, L::ld, t);
-  };
 
   load_state<D, D>(dS, L::ld32, d_final != nullptr ? d_final + rows.state : nullptr);
   __syncthreads();
@@ -202,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     subtract_rows<D, true>(su, L::ld, stage, L::ld32);
     __syncthreads();
-    scores_into_stage(sdo, su);  // raw do V'^T
+    scores_into_stage<D>(stage, L::ld32, sdo, su, L::ld);  // raw do V'^T
     __syncthreads();
     decay_mask(A16, L::ldc, stage, L::ld32, G, p.scale);  // dA
     scale_rows<D>(sdo, L::ld, eG, p.scale);               // scale e^G do, for dq only
@@ -224,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     store_rows<D>(dq + rows.head, rows.row, t0, p.T, stage, L::ld32, sq, L::ld, dots_q);
     __syncthreads();
-    scores_into_stage(sq, sk);  // raw q k^T
+    scores_into_stage<D>(stage, L::ld32, sq, sk, L::ld);  // raw q k^T
     __syncthreads();
     RowPrefetch<D, E> raw_do;  // do again, unscaled: rows of this chunk
     raw_do.fetch(dout + rows.head, rows.row, t0, p.T);

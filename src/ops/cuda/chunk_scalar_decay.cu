@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
       nv.fetch(v + head_v, sv_row, next, p.T), ng = fetch_gates(gh, next, p.T);
     }
     __syncthreads();
-    for (int t = warp; t < kLowerTiles; t += kWarps) score_tile<K>(stage, L::ldc32, sq, sk, L::ldk, t);
+    scores_into_stage<K>(stage, L::ldc32, sq, sk, L::ldk);
     __syncthreads();
     decay_mask(A16, L::ldc, stage, L::ldc32, G, p.scale);
     scale_rows<K>(sq, L::ldk, eG, p.scale);
@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads)
       chunk_gates(G, ng);
       if (t0 + kC < p.T) ng = fetch(t0 + kC);  // in flight while this chunk is computed
       __syncthreads();
-      for (int t = warp; t < kLowerTiles; t += kWarps) score_tile<V>(stage, L::ldc32, sdo, sv, L::ldv, t);
+      scores_into_stage<V>(stage, L::ldc32, sdo, sv, L::ldv);
       __syncthreads();
       decay_mask(dA16, L::ldc, stage, L::ldc32, G, p.scale);
       scale_rows<V>(sdo, L::ldv, eG, p.scale);

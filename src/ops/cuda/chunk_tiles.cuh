@@ -4,11 +4,11 @@
 // and kernels; what they have in common lies here:
 //   - 16-bit <-> fp32 conversion of single values (to_float, from_float) and of 16-byte words (Elem,
 //     unpack8, pack8, load8);
-//   - tile products (product_tile, score_tile, tiles_into_stage, two_tiles_into_stage, accumulate_state,
-//     update_state) over
+//   - tile products (product_tile, score_tile, scores_into_stage, lower_tiles_into_stage, tiles_into_stage,
+//     two_tiles_into_stage, accumulate_state, update_state) over
 //     row-major tiles, and x - y row by row (subtract_rows);
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
-//     optional fp32 row sums (store_rows);
+//     optional fp32 row sums (store_rows); a causal [C, C] result stored as 16-bit (store_lower16);
 //   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
 //     from them (scale_rows, decay_mask);
 //   - fp32 state in and out of shared memory (load_state, store_state, copy_state, store_state16);
@@ -253,6 +253,43 @@ __device__ void score_tile(float* raw, int ld32, const E* X, const E* Y, int ld,
   wmma::fill_fragment(acc, 0.f);
   product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
   wmma::store_matrix_sync(raw + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+}
+
+// Every 16x16 tile on or below the diagonal of a [C, C] fp32 result (row stride ld32), spread over the
+// warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed fragment of type F (any
+// WMMA accumulator), which is then stored. Tiles above the diagonal are not written.
+template <typename F, typename Body>
+__device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, Body body) {
+  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
+    int R, Cc;
+    lower_tile(t, R, Cc);
+    F acc;
+    wmma::fill_fragment(acc, 0.f);
+    body(acc, R, Cc);
+    wmma::store_matrix_sync(stage + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+  }
+}
+
+// The raw scores X Y^T ([C, D] each, row-major [., ld]) on and below the diagonal into raw [C, ld32].
+template <int D, typename E>
+__device__ void scores_into_stage(float* raw, int ld32, const E* X, const E* Y, int ld) {
+  lower_tiles_into_stage<Acc>(raw, ld32, [&](Acc& acc, int R, int Cc) {
+    product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
+  });
+}
+
+// A [C, C] fp32 result (row stride ld32) times scale into 16-bit out [C, C] (row stride C): zeros above
+// the diagonal, whatever the staging area holds there.
+template <typename E>
+__device__ void store_lower16(E* __restrict__ out, const float* stage, int ld32, float scale) {
+  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
+    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
+    float f[8] = {};
+    if (c <= r) load8(stage + r * ld32 + c, f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] * scale : 0.f;
+    reinterpret_cast<uint4*>(out)[i] = pack8<E>(f);
+  }
 }
 
 // Every 16x16 tile of a [C, D] fp32 result in the staging area (row stride ld32), spread over the

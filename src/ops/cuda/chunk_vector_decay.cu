@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (n > 0) fetch(n - 1);  // in flight while this chunk is computed
     __syncthreads();
     // dA = do v^T on and below the diagonal; da = Σ_v dS' ⊙ S (four threads a row).
-    for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) score_tile<kD>(stage, L::ld32, sdo, sv, L::ld, t);
+    scores_into_stage<kD>(stage, L::ld32, sdo, sv, L::ld);
     {
       const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * (kD / 4);
       float part = 0.f, s[8];
@@ -166,15 +166,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (threadIdx.x % 4 == 0) da[at.channels(n) + r] = part;
     }
     __syncthreads();
-    E* dA_out = dA + at.square(n);
-    for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
-      const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
-      float f[8] = {};
-      if (c <= r) load8(stage + r * L::ld32 + c, f);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] : 0.f;
-      reinterpret_cast<uint4*>(dA_out)[i] = pack8<E>(f);
-    }
+    store_lower16(dA + at.square(n), stage, L::ld32, 1.f);
     __syncthreads();
     // dv = A^T do + kd dS'.
     tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {

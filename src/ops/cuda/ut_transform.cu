@@ -99,7 +99,7 @@ __device__ void scaled_rows(E* Kb, E* Kg, E* Vb, const E* k, const E* v, const f
 // L = strictly lower part of (Kb k^T) ⊙ exp(G_i - G_j), fp32 [C, ld32], from the raw scores in place.
 template <typename E>
 __device__ void decayed_scores(float* L, const E* Kb, const E* k, const float* G) {
-  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) score_tile<kD>(L, Sizes::ld32, Kb, k, Sizes::ld, t);
+  scores_into_stage<kD>(L, Sizes::ld32, Kb, k, Sizes::ld);
   __syncthreads();
   for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
     const int i = e / kC, j = e % kC;
@@ -286,39 +286,24 @@ __global__ void __launch_bounds__(kThreads, 2)
   to16(T16, T);
   __syncthreads();
   // dT = dW Kg^T + dU Vb^T on and below the diagonal (into A; nothing above is read).
-  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
-    int R, Cc;
-    lower_tile(t, R, Cc);
-    Acc acc;
-    wmma::fill_fragment(acc, 0.f);
+  lower_tiles_into_stage<Acc>(A, S::ld32, [&](Acc& acc, int R, int Cc) {
     product_tile<false, true>(acc, sdw, S::ld, Kg, S::ld, R, Cc, 0, kD / 16);
     product_tile<false, true>(acc, sdu, S::ld, Vb, S::ld, R, Cc, 0, kD / 16);
-    wmma::store_matrix_sync(A + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
-  }
+  });
   __syncthreads();
   // X = dT T^T into Bm (Kg and Vb are no longer needed), then dL = -T^T X into A (nor is dT), lower tiles
-  // only. Below the
-  // diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j] read strictly
-  // lower dT and X only (T is zero above its diagonal); what the diagonal tiles hold above it is never used.
-  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
-    int R, Cc;
-    lower_tile(t, R, Cc);
-    Acc8 acc;
-    wmma::fill_fragment(acc, 0.f);
+  // only. Below the diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j]
+  // read strictly lower dT and X only (T is zero above its diagonal); what the diagonal tiles hold above it
+  // is never used.
+  lower_tiles_into_stage<Acc8>(Bm, S::ld32, [&](Acc8& acc, int R, int Cc) {
     product_tile_3xtf32<false, true>(acc, A, T, S::ld32, R, Cc, 0, 2 * (Cc + 1));
-    wmma::store_matrix_sync(Bm + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
-  }
+  });
   __syncthreads();
-  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
-    int R, Cc;
-    lower_tile(t, R, Cc);
-    Acc8 acc;
-    wmma::fill_fragment(acc, 0.f);
+  lower_tiles_into_stage<Acc8>(A, S::ld32, [&](Acc8& acc, int R, int Cc) {
     product_tile_3xtf32<true, false>(acc, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
 #pragma unroll
     for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
-    wmma::store_matrix_sync(A + R * 16 * S::ld32 + Cc * 16, acc, S::ld32, wmma::mem_row_major);
-  }
+  });
   __syncthreads();
   // R = dL ⊙ exp(G_i - G_j) in fp32 into A in place and in 16-bit where v was (v is read again at the end);
   // zeros on and above the diagonal.

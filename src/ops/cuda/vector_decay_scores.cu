@@ -149,15 +149,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     stage[r * S::ld32 + j] = s;
   }
   __syncthreads();
-  E* out = A + at.square;
-  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
-    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
-    float f[8] = {};
-    if (c <= r) load8(stage + r * S::ld32 + c, f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] * scale : 0.f;
-    reinterpret_cast<uint4*>(out)[i] = pack8<E>(f);
-  }
+  store_lower16(A + at.square, stage, S::ld32, scale);
 }
 
 template <typename E>
