@@ -247,8 +247,8 @@ TEST(OpsGla, GradientsMatchRecurrentFp64) { check_gradients_agree(false); }
 TEST(OpsDeltaRule, GradientsMatchRecurrentFp64) { check_gradients_agree(true); }
 
 // The identity the fused CUDA backward of family A takes the decay's gradient from (linear_attention_ops/
-// fused_chunk.cpp): with b_t the cumulative log decay, dL/dg_s = Σ_{t>=s} (q_t·dq_t - k_t·dk_t) +
-// <dS_T, S_T>. Checked here against autograd through the recurrent form, fp64, with h0 and a gradient on
+// fused_chunk.cpp, through detail::walk_decay_gradient without w rows): with b_t the cumulative log decay,
+// dL/dg_s = Σ_{t>=s} (q_t·dq_t - k_t·dk_t) + <dS_T, S_T>. Checked here against autograd through the recurrent form, fp64, with h0 and a gradient on
 // the final state, for a scalar decay per step and a fixed one per head (its gradient summed over B, T).
 TEST(OpsGla, DecayGradientIdentity) {
   torch::manual_seed(11);
@@ -260,9 +260,10 @@ TEST(OpsGla, DecayGradientIdentity) {
     auto dout = torch::randn({kB, T, kH, kV}, torch::kDouble), dht = torch::randn({kB, kH, kK, kV}, torch::kDouble);
     auto res = run_recurrent(in, false);
     ((res.o * dout).sum() + (res.state * dht).sum()).backward();
-    auto db = (in.q * in.q.grad()).sum(-1) - (in.k * in.k.grad()).sum(-1);              // [B,T,H]
-    auto dg = db.flip(1).cumsum(1).flip(1) + (dht * res.state).sum({2, 3}).unsqueeze(1);  // [B,T,H]
-    if (decay == Decay::Fixed) dg = dg.sum(torch::IntArrayRef{0, 1});                     // [H]
+    auto dot = [](const torch::Tensor& x) { return (x * x.grad()).sum(-1).transpose(1, 2); };  // [B,H,T]
+    auto dg = ops::detail::walk_decay_gradient(dot(in.q), dot(in.k), torch::Tensor(), 64, dht, res.state)
+                  .transpose(1, 2);                                                   // [B,T,H]
+    if (decay == Decay::Fixed) dg = dg.sum(torch::IntArrayRef{0, 1});                 // [H]
     EXPECT_LE(rel_err(dg, in.g.grad()), 1e-10);
   }
 }
@@ -309,6 +310,9 @@ TEST(OpsDeltaRule, WalkDecayGradientIdentity) {
   EXPECT_LE(rel_err(dg, g.grad()), 1e-10);
   auto without_w = ops::detail::walk_decay_gradient(dot(q), dot(k), torch::zeros_like(dot(w)), C, dS, S.detach());
   EXPECT_GT(rel_err(without_w, g.grad()), 1e-2);
+  // No w rows at all (family A's walk) is the same as zero w·dw.
+  auto no_w = ops::detail::walk_decay_gradient(dot(q), dot(k), torch::Tensor(), C, dS, S.detach());
+  EXPECT_EQ(rel_err(no_w, without_w), 0.0);
 }
 
 // [0,T1) then [T1,T) with the carried state equals one run over [0,T).

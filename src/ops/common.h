@@ -147,13 +147,13 @@ std::pair<torch::Tensor, torch::Tensor> fused_ut_transform(const torch::Tensor& 
                                                            const torch::Tensor& beta, const torch::Tensor& g,
                                                            GateKind kind, torch::ScalarType dt);
 
-// The decay's gradient through the fused walk, from the row sums its backward gives: with b_t the
-// cumulative log decay, q_t enters as q_t e^{b_t}, k_t as k_t e^{-b_t}, the final state as e^{b_T} times its
-// undecayed form, and the rows w of chunk n as w e^{b} with b at the step before the chunk (W S reads
-// the decayed state). So
+// The scalar decay's gradient through a fused walk (family A's or the delta rule's), from the row sums
+// its backward gives: with b_t the cumulative log decay, q_t enters as q_t e^{b_t}, k_t as k_t e^{-b_t},
+// the final state as e^{b_T} times its undecayed form, and (delta rule) the rows w of chunk n as w e^{b}
+// with b at the step before the chunk (W S reads the decayed state). So
 //   dL/dg_s = Σ_{t>=s} (q_t·dq_t - k_t·dk_t) + Σ_{chunks n starting after s} Σ_{rows of n} w·dw + <dS_T, S_T>.
-// dot_q, dot_k [B,H,T]; dot_w [B,H,N*chunk]; d_final, final_state [B,H,K,V] (d_final may be undefined).
-// Returns [B,H,T].
+// dot_q, dot_k [B,H,T]; dot_w [B,H,N*chunk] or undefined (no w rows: family A); d_final, final_state
+// [B,H,K,V] (d_final may be undefined). Returns [B,H,T].
 torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k, const torch::Tensor& dot_w,
                                   int64_t chunk, const torch::Tensor& d_final, const torch::Tensor& final_state);
 

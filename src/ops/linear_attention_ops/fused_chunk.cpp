@@ -6,7 +6,8 @@
 // carries exp(b_t - b_j) with j the key's step (exp(b_t) for h0), so
 //   dL/db_t = q_t·dq_t - k_t·dk_t  (+ <dS_T, S_T> at t = T)
 // and dL/dg_s = Σ_{t >= s} dL/db_t: a reverse cumulative sum over time, in fp32 (the kernels give the
-// row sums q_t·dq_t and k_t·dk_t in fp32, taken before dq and dk are rounded).
+// row sums q_t·dq_t and k_t·dk_t in fp32, taken before dq and dk are rounded); detail::walk_decay_gradient
+// with no w rows.
 #include <cstdint>
 
 #include "ops/common.h"
@@ -46,11 +47,7 @@ struct ScalarDecayChunkFunction : public torch::autograd::Function<ScalarDecayCh
     auto r = cuda_kernels::scalar_decay_chunk_backward(q, k, v, g, h0, d_out, d_final, ctx->saved_data["scale"].toDouble(),
                                                        h0.defined(), want_dg);
     torch::Tensor dg;
-    if (want_dg) {
-      auto db = r.dot_q - r.dot_k;                    // [B,H,T]
-      dg = db.flip(2).cumsum(2).flip(2);
-      if (d_final.defined()) dg = dg + (d_final * final_state).sum({2, 3}).unsqueeze(-1);
-    }
+    if (want_dg) dg = walk_decay_gradient(r.dot_q, r.dot_k, torch::Tensor(), 64, d_final, final_state);
     return {r.dq, r.dk, r.dv, dg, h0.defined() ? r.d_initial : torch::Tensor(), torch::Tensor()};
   }
 };
