@@ -164,17 +164,6 @@ __device__ void unit_lower_inverse_blocks(float* T, const float* L) {
   }
 }
 
-// fp32 [C, ld32] -> 16-bit [C, ld].
-template <typename E>
-__device__ void to16(E* dst, const float* src) {
-  for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
-    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
-    float f[8];
-    load8(src + r * Sizes::ld32 + c, f);
-    *reinterpret_cast<uint4*>(dst + r * Sizes::ld + c) = pack8<E>(f);
-  }
-}
-
 template <typename E>
 __global__ void __launch_bounds__(kThreads, 3)
     ut_forward_kernel(const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ beta,
@@ -199,12 +188,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   decayed_scores(L, Kb, sk, G);
   __syncthreads();
   unit_lower_inverse_blocks(T, L);  // ends on a barrier
-  to16(T16, T);
-  float* Tg = inverse + at.inverse;
-  for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
-    const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
-    reinterpret_cast<float4*>(Tg)[i] = *reinterpret_cast<const float4*>(T + r * S::ld32 + c);
-  }
+  copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T
+  store_state<kC, kC>(inverse + at.inverse, T, S::ld32);
   __syncthreads();
   // W = T Kg into stage0, U = T Vb into stage1 (T lower: tiles s <= R only).
   two_tiles_into_stage<kD>(
@@ -283,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();
   scaled_rows(Kb, Kg, Vb, sk, sv, sb, eG, S::ld);
-  to16(T16, T);
+  copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T
   __syncthreads();
   // dT = dW Kg^T + dU Vb^T on and below the diagonal (into A; nothing above is read).
   lower_tiles_into_stage<Acc>(A, S::ld32, [&](Acc& acc, int R, int Cc) {
