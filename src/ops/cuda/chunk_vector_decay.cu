@@ -1,6 +1,6 @@
 // Family A with a decay per key channel (GLA), head size 64: the walk over the chunks of 64, fused.
 // The chunk-parallel parts come from elsewhere: the intra-chunk scores A from vector_decay_scores.cu,
-// the row factors from libtorch (ops/linear_attention_ops/fused_vector_chunk.cpp). With G the
+// the row factors too (qd, kd and a; see ops/linear_attention_ops/fused_vector_chunk.cpp). With G the
 // chunk-local cumulative log decay [C, K] (every exponent below is <= 0):
 //   qd = scale e^G ⊙ q,   kd = e^{Gl - G} ⊙ k,   a = e^{Gl} (one factor per key channel)
 // and S the state entering the chunk (fp32 [K, V], read by the products through a 16-bit copy):
@@ -13,10 +13,14 @@
 //   dqd = do S^T,   dkd = v dS'^T,   da = Σ_v dS' ⊙ S  (per key channel, fp32)
 //   dS  = Diag(a) dS' + qd^T do
 // One thread block per (batch, head), 256 threads, every product on tensor cores (chunk_tiles.cuh).
-// Rows are heads first and padded to whole chunks: qd, kd, v, do, o [B*H, N*64, 64]; A, dA and the
-// stored states [B*H, N, 64, 64]; a, da [B*H, N, 64]; h0 and the final state [B*H, 64, 64] fp32.
+// v, o and their gradients are the caller's rows [B, T, H, 64] (zeros past T on the way in, nothing
+// written past T on the way out). What comes from the scores kernels is heads first and padded to whole
+// chunks: qd, kd [B*H, N*64, 64]; A, dA and the stored states [B*H, N, 64, 64]; a, da [B*H, N, 64]; h0
+// and the final state [B*H, 64, 64] fp32.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <vector>
 
 #include "ops/cuda/chunk_tiles.cuh"
 #include "ops/cuda/kernels.h"
@@ -45,13 +49,16 @@ struct BackwardLayout : Pads {
   static constexpr size_t stage = dstate16 + rows16, decay = stage + mat32, bytes = decay + vec;
 };
 
-// Where block bh's data lie.
+// Where block bh = b H + h's data lie.
 struct Walk {
-  int bh, N, Tp;
-  size_t rows;  // row 0 of this head in [B*H, N*64, 64]
-  __device__ explicit Walk(int n_chunks) {
-    bh = blockIdx.x, N = n_chunks, Tp = n_chunks * kC;
+  int bh, N, Tp, T;
+  size_t rows;          // row 0 of this head in [B*H, N*64, 64]
+  size_t head, stride;  // row 0 of head (b, h) in the caller's [B, T, H, 64]; its row stride
+  __device__ Walk(int n_chunks, int T_, int H) {
+    bh = blockIdx.x, N = n_chunks, Tp = n_chunks * kC, T = T_;
     rows = static_cast<size_t>(bh) * Tp * kD;
+    stride = static_cast<size_t>(H) * kD;
+    head = static_cast<size_t>(bh / H) * T * stride + static_cast<size_t>(bh % H) * kD;
   }
   __device__ size_t square(int n) const { return (static_cast<size_t>(bh) * N + n) * kD * kD; }  // [.., 64, 64]
   __device__ size_t channels(int n) const { return (static_cast<size_t>(bh) * N + n) * kD; }   // [.., 64]
@@ -73,13 +80,14 @@ template <typename E>
 __global__ void __launch_bounds__(kThreads, 2)
     vector_walk_forward_kernel(const E* __restrict__ qd, const E* __restrict__ kd, const E* __restrict__ v,
                                const E* __restrict__ A, const float* __restrict__ a, const float* __restrict__ h0,
-                               E* __restrict__ o, float* __restrict__ final_state, E* __restrict__ states, int N) {
+                               E* __restrict__ o, float* __restrict__ final_state, E* __restrict__ states, int N,
+                               int T, int H) {
   using L = ForwardLayout;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sA = view<E>(smem, L::A);
   E* S16 = view<E>(smem, L::state16);
   float *S = view<float>(smem, L::state), *stage = view<float>(smem, L::stage), *decay = view<float>(smem, L::decay);
-  const Walk at(N);
+  const Walk at(N, T, H);
   const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
 
   load_state<kD, kD>(S, L::ld32, h0 != nullptr ? h0 + state_at : nullptr);
@@ -89,8 +97,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   float na = 0.f;
   auto fetch = [&](int n) {
     const int t0 = n * kC;
-    nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp), nv.fetch(v + at.rows, kD, t0, at.Tp);
-    nA.fetch(A + at.square(n), kD, 0, kC);
+    nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp);
+    nv.fetch(v + at.head, at.stride, t0, at.T), nA.fetch(A + at.square(n), kD, 0, kC);
     if (threadIdx.x < kD) na = a[at.channels(n) + threadIdx.x];
   };
   fetch(0);
@@ -109,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     });
     update_state<kD, kD>(S, L::ld32, 1.f, sk, L::ld, sv, L::ld);
     __syncthreads();
-    store_rows<kD>(o + at.rows, kD, n * kC, at.Tp, stage, L::ld32);
+    store_rows<kD>(o + at.head, at.stride, n * kC, at.T, stage, L::ld32);
     copy_state<kD, kD>(S16, L::ld, S, L::ld32);
   }
   store_state<kD, kD>(final_state + state_at, S, L::ld32);
@@ -121,13 +129,13 @@ __global__ void __launch_bounds__(kThreads, 2)
                                 const E* __restrict__ A, const float* __restrict__ a, const E* __restrict__ states,
                                 const E* __restrict__ dout, const float* __restrict__ d_final, E* __restrict__ dqd,
                                 E* __restrict__ dkd, E* __restrict__ dv, E* __restrict__ dA, float* __restrict__ da,
-                                float* __restrict__ d_initial, int N) {
+                                float* __restrict__ d_initial, int N, int T, int H) {
   using L = BackwardLayout;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sdo = view<E>(smem, L::dout);
   E *sA = view<E>(smem, L::A), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
   float *dS = view<float>(smem, L::dstate), *stage = view<float>(smem, L::stage), *decay = view<float>(smem, L::decay);
-  const Walk at(N);
+  const Walk at(N, T, H);
   const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
 
   load_state<kD, kD>(dS, L::ld32, d_final != nullptr ? d_final + state_at : nullptr);
@@ -137,8 +145,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   float na = 0.f;
   auto fetch = [&](int n) {
     const int t0 = n * kC;
-    nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp), nv.fetch(v + at.rows, kD, t0, at.Tp);
-    ndo.fetch(dout + at.rows, kD, t0, at.Tp), nA.fetch(A + at.square(n), kD, 0, kC);
+    nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp);
+    nv.fetch(v + at.head, at.stride, t0, at.T), ndo.fetch(dout + at.head, at.stride, t0, at.T);
+    nA.fetch(A + at.square(n), kD, 0, kC);
     nS.fetch(states + at.square(n), kD, 0, kD);
     if (threadIdx.x < kD) na = a[at.channels(n) + threadIdx.x];
   };
@@ -174,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       product_tile<false, false>(acc, sk, L::ld, dS16, L::ld, R, Cc, 0, kD / 16);
     });
     __syncthreads();
-    store_rows<kD>(dv + at.rows, kD, t0, at.Tp, stage, L::ld32);
+    store_rows<kD>(dv + at.head, at.stride, t0, at.T, stage, L::ld32);
     __syncthreads();
     // dqd = do S^T.
     tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
@@ -200,22 +209,28 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 struct WalkShape {
-  int64_t BH, N;
+  int64_t B, T, H, N;
+  int64_t BH() const { return B * H; }
 };
 
+// qd, kd [B,H,N*64,64] (one 16-bit dtype), v [B,T,H,64] (the same dtype), A [B,H,N,64,64], a [B,H,N,64] fp32.
 WalkShape walk_shape(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v, const torch::Tensor& A,
                      const torch::Tensor& a) {
-  const int64_t BH = qd.size(0) * qd.size(1), Tp = qd.size(2), N = Tp / kC;
-  TORCH_CHECK(qd.dim() == 4 && Tp % kC == 0 && qd.size(3) == kD && vector_decay_chunk_supported(kD, kD, qd.scalar_type()),
-              "fused vector-decay walk: expects qd [B,H,N*64,64] bf16 or fp16; got ", qd.sizes(), " ", qd.scalar_type());
-  TORCH_CHECK(kd.sizes() == qd.sizes() && v.sizes() == qd.sizes() && kd.scalar_type() == qd.scalar_type() &&
-                  v.scalar_type() == qd.scalar_type(),
-              "fused vector-decay walk: kd and v must match qd ", qd.sizes(), "; got ", kd.sizes(), " ", v.sizes());
-  TORCH_CHECK(A.sizes() == torch::IntArrayRef({qd.size(0), qd.size(1), N, kC, kC}) && A.scalar_type() == qd.scalar_type(),
-              "fused vector-decay walk: A must be [B,H,N,64,64] in qd's dtype; got ", A.sizes());
-  TORCH_CHECK(a.sizes() == torch::IntArrayRef({qd.size(0), qd.size(1), N, kD}) && a.scalar_type() == torch::kFloat,
+  TORCH_CHECK(v.dim() == 4 && v.size(3) == kD && vector_decay_chunk_supported(kD, kD, v.scalar_type()) &&
+                  v.is_contiguous(),
+              "fused vector-decay walk: expects v [B,T,H,64] bf16 or fp16, contiguous; got ", v.sizes(), " ",
+              v.scalar_type());
+  const int64_t B = v.size(0), T = v.size(1), H = v.size(2), N = (T + kC - 1) / kC;
+  const std::vector<int64_t> rows{B, H, N * kC, kD};
+  TORCH_CHECK(qd.sizes() == torch::IntArrayRef(rows) && kd.sizes() == qd.sizes() && qd.scalar_type() == v.scalar_type() &&
+                  kd.scalar_type() == v.scalar_type() && qd.is_contiguous() && kd.is_contiguous(),
+              "fused vector-decay walk: qd and kd must be ", torch::IntArrayRef(rows), " in v's dtype, contiguous; got ",
+              qd.sizes(), " ", kd.sizes());
+  TORCH_CHECK(A.sizes() == torch::IntArrayRef({B, H, N, kC, kC}) && A.scalar_type() == v.scalar_type() && A.is_contiguous(),
+              "fused vector-decay walk: A must be [B,H,N,64,64] in v's dtype; got ", A.sizes());
+  TORCH_CHECK(a.sizes() == torch::IntArrayRef({B, H, N, kD}) && a.scalar_type() == torch::kFloat && a.is_contiguous(),
               "fused vector-decay walk: a must be [B,H,N,64] fp32; got ", a.sizes(), " ", a.scalar_type());
-  return WalkShape{BH, N};
+  return WalkShape{B, T, H, N};
 }
 
 }  // namespace
@@ -230,9 +245,9 @@ VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tens
   const c10::cuda::CUDAGuard guard(qd.device());
   VectorWalkForward out;
   out.o = torch::empty_like(v);
-  out.final_state = torch::empty({qd.size(0), qd.size(1), kD, kD}, qd.options().dtype(torch::kFloat));
-  out.states = torch::empty({qd.size(0), qd.size(1), p.N, kD, kD}, qd.options());
-  if (p.N == 0 || p.BH == 0) {
+  out.final_state = torch::empty({p.B, p.H, kD, kD}, v.options().dtype(torch::kFloat));
+  out.states = torch::empty({p.B, p.H, p.N, kD, kD}, v.options());
+  if (p.N == 0 || p.BH() == 0) {
     out.final_state.copy_(h0.defined() ? h0 : torch::zeros_like(out.final_state));
     return out;
   }
@@ -241,9 +256,10 @@ VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tens
     auto kernel = vector_walk_forward_kernel<E>;
     constexpr size_t smem = ForwardLayout::bytes;
     allow_dynamic_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(p.BH), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    kernel<<<static_cast<unsigned>(p.BH()), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         data_as<E>(qd), data_as<E>(kd), data_as<E>(v), data_as<E>(A), a.data_ptr<float>(), ptr_or_null(h0),
-        data_as<E>(out.o), out.final_state.data_ptr<float>(), data_as<E>(out.states), static_cast<int>(p.N));
+        data_as<E>(out.o), out.final_state.data_ptr<float>(), data_as<E>(out.states), static_cast<int>(p.N),
+        static_cast<int>(p.T), static_cast<int>(p.H));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
@@ -253,8 +269,9 @@ VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tenso
                                      const torch::Tensor& A, const torch::Tensor& a, const torch::Tensor& states,
                                      const torch::Tensor& d_out, const torch::Tensor& d_final, bool want_d_initial) {
   const WalkShape p = walk_shape(qd, kd, v, A, a);
-  TORCH_CHECK(d_out.sizes() == v.sizes() && d_out.scalar_type() == v.scalar_type(),
-              "fused vector-decay walk: d_out must be [B,H,N*64,64] in v's dtype");
+  TORCH_CHECK(d_out.sizes() == v.sizes() && d_out.scalar_type() == v.scalar_type() && d_out.is_contiguous(),
+              "fused vector-decay walk: d_out must be [B,T,H,64] in v's dtype, contiguous; got ", d_out.sizes(), " ",
+              d_out.scalar_type());
   const c10::cuda::CUDAGuard guard(qd.device());
   VectorWalkGrads out;
   out.dqd = torch::empty_like(qd);
@@ -262,8 +279,8 @@ VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tenso
   out.dv = torch::empty_like(v);
   out.dA = torch::empty_like(A);
   out.da = torch::empty_like(a);
-  if (want_d_initial) out.d_initial = torch::empty({qd.size(0), qd.size(1), kD, kD}, a.options());
-  if (p.N == 0 || p.BH == 0) {
+  if (want_d_initial) out.d_initial = torch::empty({p.B, p.H, kD, kD}, a.options());
+  if (p.N == 0 || p.BH() == 0) {
     if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
     return out;
   }
@@ -272,10 +289,11 @@ VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tenso
     auto kernel = vector_walk_backward_kernel<E>;
     constexpr size_t smem = BackwardLayout::bytes;
     allow_dynamic_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(p.BH), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    kernel<<<static_cast<unsigned>(p.BH()), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         data_as<E>(qd), data_as<E>(kd), data_as<E>(v), data_as<E>(A), a.data_ptr<float>(), data_as<E>(states),
         data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dqd), data_as<E>(out.dkd), data_as<E>(out.dv),
-        data_as<E>(out.dA), out.da.data_ptr<float>(), out_or_null(out.d_initial), static_cast<int>(p.N));
+        data_as<E>(out.dA), out.da.data_ptr<float>(), out_or_null(out.d_initial), static_cast<int>(p.N),
+        static_cast<int>(p.T), static_cast<int>(p.H));
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;

@@ -137,41 +137,42 @@ UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, co
                               const torch::Tensor& du);
 
 // Family A with a decay per key channel (GLA), head size 64, chunks of 64, in two fused parts that the
-// caller joins with libtorch row factors (ops/linear_attention_ops/fused_vector_chunk.cpp). Rows are heads
-// first and padded to whole chunks: [B,H,N*64,64].
+// caller joins (ops/linear_attention_ops/fused_vector_chunk.cpp). The caller's rows are [B,T,H,64]
+// contiguous; what passes from the first part to the second is heads first and padded to whole chunks,
+// [B,H,N*64,64] with N = ceil(T / 64).
 bool vector_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt);
 
-// The intra-chunk scores and the walk's row factors (ops/cuda/vector_decay_scores.cu), from q, k (one
-// 16-bit dtype) and G the chunk-local cumulative log decay (fp32), all [B,H,N*64,64] contiguous:
-// A [B,H,N,64,64] (q's dtype, zeros above the diagonal), A[i,j] = scale Σ_d q[i,d] k[j,d] exp(G[i,d] - G[j,d])
-// for j <= i; qd = scale e^G ⊙ q and kd = e^{Gl - G} ⊙ k (q's dtype); a = e^{Gl} [B,H,N,64] fp32, Gl the
-// chunk's last row of G.
+// The intra-chunk scores and the walk's row factors (ops/cuda/vector_decay_scores.cu), from q, k [B,T,H,64]
+// (one 16-bit dtype) and g the per-step log decay per key channel [B,T,H,64] fp32, with G its cumulative
+// sum within each chunk: A [B,H,N,64,64] (q's dtype, zeros above the diagonal),
+// A[i,j] = scale Σ_d q[i,d] k[j,d] exp(G[i,d] - G[j,d]) for j <= i; qd = scale e^G ⊙ q and kd = e^{Gl - G} ⊙ k
+// [B,H,N*64,64] (q's dtype); a = e^{Gl} [B,H,N,64] fp32, Gl the chunk's last row of G.
 struct VectorScoresForward {
   torch::Tensor A, qd, kd, a;
 };
-VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
+VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
                                           double scale);
 // Its backward given dA, dqd, dkd (q's dtype, contiguous; only dA's part on and below the diagonal is read)
-// and da (fp32): dq, dk (q's dtype) and dG (fp32).
+// and da (fp32): dq, dk [B,T,H,64] (q's dtype) and dg [B,T,H,64] (fp32).
 struct VectorScoresGrads {
-  torch::Tensor dq, dk, dG;
+  torch::Tensor dq, dk, dg;
 };
-VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& G,
+VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
                                          const torch::Tensor& dA, const torch::Tensor& dqd, const torch::Tensor& dkd,
                                          const torch::Tensor& da, double scale);
 
 // The walk over the chunks (ops/cuda/chunk_vector_decay.cu): o = qd S + A v, S' = Diag(a) S + kd^T v per
-// chunk. qd, kd, v [B,H,N*64,64] contiguous (one 16-bit dtype); A [B,H,N,64,64] (the same dtype); a
-// [B,H,N,64] fp32 (the chunk's decay per key channel); h0 [B,H,64,64] fp32 or undefined. Returns o (v's
-// dtype, [B,H,N*64,64]), the final state fp32 and the state entering every chunk [B,H,N,64,64] (16-bit, for
-// the backward).
+// chunk. qd, kd [B,H,N*64,64] and v [B,T,H,64], contiguous (one 16-bit dtype); A [B,H,N,64,64] (the same
+// dtype); a [B,H,N,64] fp32 (the chunk's decay per key channel); h0 [B,H,64,64] fp32 or undefined. Returns
+// o [B,T,H,64] (v's dtype), the final state fp32 and the state entering every chunk [B,H,N,64,64] (16-bit,
+// for the backward).
 struct VectorWalkForward {
   torch::Tensor o, final_state, states;
 };
 VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v,
                                       const torch::Tensor& A, const torch::Tensor& a, const torch::Tensor& h0);
-// Its backward given d_out (v's dtype) and d_final fp32 or undefined: dqd, dkd, dv, dA (zeros above the
-// diagonal; 16-bit), da (fp32) and, when asked, dLoss/dh0.
+// Its backward given d_out [B,T,H,64] (v's dtype) and d_final fp32 or undefined: dqd, dkd, dA (zeros above
+// the diagonal), dv [B,T,H,64] (all 16-bit), da (fp32) and, when asked, dLoss/dh0.
 struct VectorWalkGrads {
   torch::Tensor dqd, dkd, dv, dA, da, d_initial;
 };

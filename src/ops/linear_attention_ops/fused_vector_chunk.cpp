@@ -1,11 +1,12 @@
 // Family A with a decay per key channel (GLA) through fused CUDA kernels, head size 64 (see common.h,
-// detail::fused_vector_decay_chunk). The chunked form of chunk.cpp in three parts:
-//   G  = the chunk-local cumulative log decay [B,H,N,64,K]                     (libtorch, fp32)
+// detail::fused_vector_decay_chunk). The chunked form of chunk.cpp in two parts, both reading the
+// caller's rows [B,T,H,64] as they are:
 //   A, the intra-chunk scores, and the row factors
-//   qd = scale e^G ⊙ q,  kd = e^{Gl - G} ⊙ k,  a = e^{Gl}                       (vector_decay_scores.cu)
+//   qd = scale e^G ⊙ q,  kd = e^{Gl - G} ⊙ k,  a = e^{Gl}, with G the chunk-local
+//   cumulative sum of the log decay g                                          (vector_decay_scores.cu)
 //   o, S_T = the walk over the chunks from qd, kd, v, A and a                  (chunk_vector_decay.cu)
 // Two autograd functions for the kernels; the scores' backward takes the walk's dqd, dkd and da back to
-// q, k and G, and autograd carries dG through G's cumulative sum to the gate.
+// q, k and g.
 #include <cstdint>
 
 #include "ops/common.h"
@@ -24,34 +25,34 @@ using cuda_kernels::present;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// q, k [B,H,N*64,64] (one 16-bit dtype), G the same in fp32 -> A [B,H,N,64,64], qd, kd (q's dtype) and a
-// [B,H,N,64] fp32.
+// q, k [B,T,H,64] (one 16-bit dtype), g the same in fp32 -> A [B,H,N,64,64], qd, kd [B,H,N*64,64] (q's
+// dtype) and a [B,H,N,64] fp32.
 struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& G, double scale) {
-    ctx->save_for_backward({q, k, G});
+                               const torch::Tensor& g, double scale) {
+    ctx->save_for_backward({q, k, g});
     ctx->saved_data["scale"] = scale;
-    auto r = cuda_kernels::vector_scores_forward(q, k, G, scale);
+    auto r = cuda_kernels::vector_scores_forward(q, k, g, scale);
     return {r.A, r.qd, r.kd, r.a};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &G = saved[2];
-    const int64_t B = q.size(0), H = q.size(1), N = q.size(2) / 64;
+    const auto &q = saved[0], &k = saved[1], &g = saved[2];
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), N = (T + 63) / 64;
     auto grad = [&](const torch::Tensor& d, torch::IntArrayRef shape, torch::ScalarType dt) {  // zeros when absent
       return d.defined() ? aligned_rows(d.to(dt)) : torch::zeros(shape, q.options().dtype(dt));
     };
     auto r = cuda_kernels::vector_scores_backward(
-        q, k, G, grad(grads[0], {B, H, N, 64, 64}, q.scalar_type()), grad(grads[1], q.sizes(), q.scalar_type()),
-        grad(grads[2], q.sizes(), q.scalar_type()), grad(grads[3], {B, H, N, 64}, torch::kFloat),
+        q, k, g, grad(grads[0], {B, H, N, 64, 64}, q.scalar_type()), grad(grads[1], {B, H, N * 64, 64}, q.scalar_type()),
+        grad(grads[2], {B, H, N * 64, 64}, q.scalar_type()), grad(grads[3], {B, H, N, 64}, torch::kFloat),
         ctx->saved_data["scale"].toDouble());
-    return {r.dq, r.dk, r.dG, torch::Tensor()};
+    return {r.dq, r.dk, r.dg, torch::Tensor()};
   }
 };
 
-// qd, kd, v [B,H,N*64,64] (one 16-bit dtype), A [B,H,N,64,64], a [B,H,N,64] fp32, h0 fp32 or empty
-// -> o [B,H,N*64,64], the final state.
+// qd, kd [B,H,N*64,64] and v [B,T,H,64] (one 16-bit dtype), A [B,H,N,64,64], a [B,H,N,64] fp32, h0 fp32
+// or empty -> o [B,T,H,64], the final state.
 struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& qd, const torch::Tensor& kd,
                                const torch::Tensor& v, const torch::Tensor& A, const torch::Tensor& a,
@@ -84,17 +85,12 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   if (kind != GateKind::Vector) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::vector_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
-  if (B * H > 65535) return std::nullopt;  // the scores kernels' grid rows
-  const int64_t C = chunk, Tp = round_up(T, C), N = Tp / C;
-  auto rows = [&](const torch::Tensor& x) {  // [B,T,H,D] -> [B,H,N*C,D] in the kernels' dtype, zero past T
-    return aligned_rows(pad_dim(to_heads_first(x, *dt), 2, Tp, 0.0));
-  };
-  auto q16 = rows(q), k16 = rows(k), v16 = rows(v);
-  auto G = pad_dim(gate_heads_first(g, kind, B, T, torch::kFloat), 2, Tp, 0.0).reshape({B, H, N, C, K}).cumsum(3);
-  auto parts = VectorScoresFunction::apply(q16, k16, G.reshape({B, H, Tp, K}).contiguous(), scale);  // A, qd, kd, a
-  auto out = VectorWalkFunction::apply(parts[1], parts[2], v16, parts[0], parts[3], kernel_state(h0, q.options()));
-  auto o = out[0].narrow(2, 0, T).transpose(1, 2).to(v.scalar_type());  // [B,T,H,V]
+  if (q.size(0) * q.size(2) > 65535) return std::nullopt;  // the scores kernels' grid rows
+  auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
+  auto parts = VectorScoresFunction::apply(operand(q, *dt), operand(k, *dt), operand(g, torch::kFloat), scale);
+  auto out = VectorWalkFunction::apply(parts[1], parts[2], operand(v, *dt), parts[0], parts[3],
+                                       kernel_state(h0, q.options()));  // parts: A, qd, kd, a
+  auto o = out[0].to(v.scalar_type());
   return OpResult{o, out[1]};
 #else
   (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
