@@ -5,6 +5,8 @@
 #   tests        ctest -L cuda (the Cuda* suites) and the CPU/CUDA golden suites
 #   bench-ops | bench-train | bench-decode | bench-quick   build-gpu/linearize_gpu_bench
 #   profile-ops  per-kernel times (ncu) of `ops --quick ${OPS_ARGS}`, summed by kernel (bench/gpu/kernel_times.py)
+#   profile-detail  ncu's throughput, occupancy and warp-state sections for the first four fused kernels
+#                of `ops --quick ${OPS_ARGS}` (one forward+backward), with the headline lines printed
 #   launch       bench/gpu/launch_overhead.sh (issue 8: launch with one GPU vs a plain run)
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
 # OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64 --only retnet+",
@@ -37,6 +39,12 @@ for step in "$@"; do
     profile-ops) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
                    build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-ops.csv" 2> "$OUT/profile-ops.log"
                  python3 bench/gpu/kernel_times.py "$OUT/profile-ops.csv" | tee "$OUT/profile-ops.md" ;;
+    profile-detail) ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
+                      --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
+                      --section ComputeWorkloadAnalysis -k regex:"vector_|delta_|ut_|chunk_" --launch-count 4 \
+                      build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-detail.txt" 2>&1
+                    grep -E "^  void|Duration|DRAM Throughput  |L1/TEX Cache Throughput|Issue Slots Busy|Achieved Occupancy" \
+                      "$OUT/profile-detail.txt" | sed -E 's/\(const T1.*//' ;;
     bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
     launch) bench/gpu/launch_overhead.sh build-gpu .device/shared/data/tokenizers/smollm2-tokenizer.json \
               .device/shared/data/corpus/tinystories_val.txt /tmp/launch_work > "$OUT/launch.log" 2>&1; cat "$OUT/launch.log" | tail -8 ;;
