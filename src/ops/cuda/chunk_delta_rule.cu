@@ -295,11 +295,9 @@ DeltaWalkForward delta_walk_forward(const torch::Tensor& q, const torch::Tensor&
     using E = decltype(elem);
     auto kernel = delta_forward_kernel<E>;
     constexpr size_t smem = ForwardLayout::bytes;
-    allow_dynamic_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(p.B * p.H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    launch(kernel, static_cast<unsigned>(p.B * p.H), kThreads, smem,
         data_as<E>(q), data_as<E>(k), data_as<E>(w), data_as<E>(u), ptr_or_null(g), ptr_or_null(h0), data_as<E>(out.o),
         out.final_state.data_ptr<float>(), data_as<E>(out.states), p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
@@ -332,12 +330,11 @@ DeltaWalkGrads delta_walk_backward(const torch::Tensor& q, const torch::Tensor& 
     using E = decltype(elem);
     auto kernel = delta_backward_kernel<E>;
     constexpr size_t smem = BackwardLayout::bytes;
-    allow_dynamic_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(p.B * p.H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        data_as<E>(q), data_as<E>(k), data_as<E>(w), data_as<E>(u), ptr_or_null(g), data_as<E>(states), data_as<E>(d_out),
-        ptr_or_null(d_final), data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dw), data_as<E>(out.du), out_or_null(out.d_initial),
-        out_or_null(out.dot_q), out_or_null(out.dot_k), out_or_null(out.dot_w), p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch(kernel, static_cast<unsigned>(p.B * p.H), kThreads, smem,
+        data_as<E>(q), data_as<E>(k), data_as<E>(w), data_as<E>(u), ptr_or_null(g), data_as<E>(states),
+        data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dw),
+        data_as<E>(out.du), out_or_null(out.d_initial), out_or_null(out.dot_q), out_or_null(out.dot_k),
+        out_or_null(out.dot_w), p);
   });
   return out;
 }

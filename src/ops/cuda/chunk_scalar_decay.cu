@@ -289,10 +289,9 @@ std::pair<torch::Tensor, torch::Tensor> scalar_decay_chunk_forward(const torch::
     using E = decltype(elem);
     auto kernel = chunk_forward_kernel<KK, VV, E>;
     constexpr size_t smem = Layout<KK, VV>::bytes;
-    allow_dynamic_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(B * H), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        data_as<E>(q), data_as<E>(k), data_as<E>(v), ptr_or_null(g), ptr_or_null(h0), data_as<E>(o), final_state.data_ptr<float>(), p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch(kernel, static_cast<unsigned>(B * H), kThreads, smem,
+        data_as<E>(q), data_as<E>(k), data_as<E>(v), ptr_or_null(g), ptr_or_null(h0), data_as<E>(o),
+        final_state.data_ptr<float>(), p);
   });
   return {o, final_state};
 }
@@ -323,14 +322,11 @@ ScalarDecayChunkGrads scalar_decay_chunk_backward(const torch::Tensor& q, const 
     using E = decltype(elem);
     auto kernel = chunk_backward_kernel<KK, VV, E>;
     constexpr size_t smem = Layout<KK, VV>::bytes;
-    allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(B * H), 2);
-    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        data_as<E>(q), data_as<E>(k), data_as<E>(v), ptr_or_null(g), ptr_or_null(h0), data_as<E>(d_out), ptr_or_null(d_final),
-        data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dv), out_or_null(out.d_initial),
-        out_or_null(out.dot_q), out_or_null(out.dot_k),
-        p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch(kernel, grid, kThreads, smem,
+        data_as<E>(q), data_as<E>(k), data_as<E>(v), ptr_or_null(g), ptr_or_null(h0), data_as<E>(d_out),
+        ptr_or_null(d_final), data_as<E>(out.dq), data_as<E>(out.dk), data_as<E>(out.dv), out_or_null(out.d_initial),
+        out_or_null(out.dot_q), out_or_null(out.dot_k), p);
   });
   return out;
 }

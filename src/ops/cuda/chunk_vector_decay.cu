@@ -255,12 +255,10 @@ VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tens
     using E = decltype(elem);
     auto kernel = vector_walk_forward_kernel<E>;
     constexpr size_t smem = ForwardLayout::bytes;
-    allow_dynamic_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(p.BH()), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    launch(kernel, static_cast<unsigned>(p.BH()), kThreads, smem,
         data_as<E>(qd), data_as<E>(kd), data_as<E>(v), data_as<E>(A), a.data_ptr<float>(), ptr_or_null(h0),
         data_as<E>(out.o), out.final_state.data_ptr<float>(), data_as<E>(out.states), static_cast<int>(p.N),
         static_cast<int>(p.T), static_cast<int>(p.H));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
@@ -288,13 +286,11 @@ VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tenso
     using E = decltype(elem);
     auto kernel = vector_walk_backward_kernel<E>;
     constexpr size_t smem = BackwardLayout::bytes;
-    allow_dynamic_smem(kernel, smem);
-    kernel<<<static_cast<unsigned>(p.BH()), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    launch(kernel, static_cast<unsigned>(p.BH()), kThreads, smem,
         data_as<E>(qd), data_as<E>(kd), data_as<E>(v), data_as<E>(A), a.data_ptr<float>(), data_as<E>(states),
         data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dqd), data_as<E>(out.dkd), data_as<E>(out.dv),
         data_as<E>(out.dA), out.da.data_ptr<float>(), out_or_null(out.d_initial), static_cast<int>(p.N),
         static_cast<int>(p.T), static_cast<int>(p.H));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }

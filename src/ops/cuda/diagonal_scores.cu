@@ -91,11 +91,9 @@ torch::Tensor diagonal_scores_forward(const torch::Tensor& X, const torch::Tenso
   auto out = torch::empty(shape, X.options());
   if (M == 0) return out;
   const size_t smem = 3 * kSub * (K + 1) * sizeof(float);
-  allow_dynamic_smem(diagonal_scores_forward_kernel, smem);
-  diagonal_scores_forward_kernel<<<static_cast<unsigned>(M), kSub * kSub, smem, at::cuda::getCurrentCUDAStream()>>>(
+  launch(diagonal_scores_forward_kernel, static_cast<unsigned>(M), kSub * kSub, smem,
       X.data_ptr<float>(), Y.data_ptr<float>(), G.data_ptr<float>(), out.data_ptr<float>(), static_cast<int>(K),
       strict);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
@@ -107,11 +105,9 @@ DiagonalScoresGrads diagonal_scores_backward(const torch::Tensor& X, const torch
   if (M == 0) return g;
   auto dO = d_out.to(torch::kFloat).contiguous();
   const int64_t d_blocks = (K + kBackwardThreads - 1) / kBackwardThreads;
-  diagonal_scores_backward_kernel<<<static_cast<unsigned>(M * d_blocks), kBackwardThreads, 0,
-                                    at::cuda::getCurrentCUDAStream()>>>(
+  launch(diagonal_scores_backward_kernel, static_cast<unsigned>(M * d_blocks), kBackwardThreads, 0,
       X.data_ptr<float>(), Y.data_ptr<float>(), G.data_ptr<float>(), dO.data_ptr<float>(), g.dX.data_ptr<float>(),
       g.dY.data_ptr<float>(), g.dG.data_ptr<float>(), static_cast<int>(K), static_cast<int>(d_blocks), strict);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return g;
 }
 

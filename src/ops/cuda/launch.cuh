@@ -1,10 +1,13 @@
 // Host-side launch helpers shared by the .cu files of ops/cuda (not for C++ callers: see kernels.h).
 #pragma once
+#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <torch/torch.h>
+
+#include <utility>
 
 namespace linearize::ops::cuda_kernels {
 
@@ -18,6 +21,15 @@ template <typename Kernel>
 void allow_dynamic_smem(Kernel kernel, size_t bytes) {
   if (bytes > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+// kernel<<<grid, block, smem>>>(args...) on the current stream, after allowing the shared memory it asks
+// for; a failed launch throws.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+  allow_dynamic_smem(kernel, smem);
+  kernel<<<grid, block, smem, at::cuda::getCurrentCUDAStream()>>>(std::forward<Args>(args)...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Calls fn with a value of the kernels' element type for dt: __nv_bfloat16 for bf16, __half otherwise

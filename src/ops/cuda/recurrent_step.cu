@@ -77,15 +77,12 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
   auto o = torch::empty({B, H, V}, vc.options());
   const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (V + 31) / 32 * 32)));
   const size_t smem = 3 * K * sizeof(float);
-  auto stream = at::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, vc.scalar_type(), "recurrent_step", [&] {
-    recurrent_step_kernel<scalar_t><<<static_cast<unsigned>(B * H), threads, smem, stream>>>(
-        qc.data_ptr<scalar_t>(), kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(),
-        ptr_or_null(gc), gate_mode, ptr_or_null(bc),
-        Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
-        static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
+    launch(recurrent_step_kernel<scalar_t>, static_cast<unsigned>(B * H), threads, smem, qc.data_ptr<scalar_t>(),
+           kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), ptr_or_null(gc), gate_mode, ptr_or_null(bc),
+           Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
+           static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {o, S_new};
 }
 

@@ -258,12 +258,10 @@ detail::StatePass delta_pass_forward(const torch::Tensor& W, const torch::Tensor
   TORCH_CHECK(B * H <= 65535, "delta rule state pass: at most 65535 (batch x head) pairs per call, got ", B * H);
   const dim3 grid(static_cast<unsigned>((V + kTile - 1) / kTile), static_cast<unsigned>(B * H));
   const size_t smem = delta_pass_smem(C, K);
-  allow_dynamic_smem(delta_pass_forward_kernel, smem);
-  delta_pass_forward_kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+  launch(delta_pass_forward_kernel, grid, kThreads, smem,
       Wc.data_ptr<float>(), Uc.data_ptr<float>(), Kc.data_ptr<float>(), ptr_or_null(Dc), ptr_or_null(S0c),
       out.states.data_ptr<float>(), out.writes.data_ptr<float>(), out.final_state.data_ptr<float>(),
       static_cast<int>(N), static_cast<int>(C), static_cast<int>(K), static_cast<int>(V));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
@@ -282,13 +280,10 @@ StatePassGrads delta_pass_backward(const torch::Tensor& W, const torch::Tensor& 
   TORCH_CHECK(B * H <= 65535, "delta rule state pass: at most 65535 (batch x head) pairs per call, got ", B * H);
   const dim3 grid(static_cast<unsigned>((V + kTile - 1) / kTile), static_cast<unsigned>(B * H));
   const size_t smem = delta_pass_smem(C, K);
-  allow_dynamic_smem(delta_pass_backward_kernel, smem);
-  delta_pass_backward_kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+  launch(delta_pass_backward_kernel, grid, kThreads, smem,
       Wc.data_ptr<float>(), Kc.data_ptr<float>(), ptr_or_null(Dc), ptr_or_null(dSn), ptr_or_null(dVn),
-      ptr_or_null(dSf), g.lambda.data_ptr<float>(), g.d_writes_total.data_ptr<float>(),
-      g.d_initial.data_ptr<float>(), static_cast<int>(N), static_cast<int>(C), static_cast<int>(K),
-      static_cast<int>(V));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+      ptr_or_null(dSf), g.lambda.data_ptr<float>(), g.d_writes_total.data_ptr<float>(), g.d_initial.data_ptr<float>(),
+      static_cast<int>(N), static_cast<int>(C), static_cast<int>(K), static_cast<int>(V));
   return g;
 }
 
@@ -300,10 +295,9 @@ std::pair<torch::Tensor, torch::Tensor> decay_scan_forward(const torch::Tensor& 
   auto states = torch::empty({B, H, N, K, V}, dSc.options());
   auto final_state = torch::empty({B, H, K, V}, dSc.options());
   const int64_t total = B * H * K * V;
-  decay_scan_forward_kernel<<<scan_blocks(total), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      dSc.data_ptr<float>(), ptr_or_null(Dc), ptr_or_null(S0c), states.data_ptr<float>(),
-      final_state.data_ptr<float>(), static_cast<int>(N), static_cast<int>(K), static_cast<int>(V), total);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch(decay_scan_forward_kernel, scan_blocks(total), kThreads, 0, dSc.data_ptr<float>(), ptr_or_null(Dc),
+         ptr_or_null(S0c), states.data_ptr<float>(), final_state.data_ptr<float>(), static_cast<int>(N),
+         static_cast<int>(K), static_cast<int>(V), total);
   return {states, final_state};
 }
 
@@ -316,10 +310,9 @@ std::pair<torch::Tensor, torch::Tensor> decay_scan_backward(const torch::Tensor&
   auto lambda = torch::empty({B, H, N, K, V}, opts.dtype(torch::kFloat));
   auto d_initial = torch::empty({B, H, K, V}, opts.dtype(torch::kFloat));
   const int64_t total = B * H * K * V;
-  decay_scan_backward_kernel<<<scan_blocks(total), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      ptr_or_null(Dc), ptr_or_null(dSn), ptr_or_null(dSf), lambda.data_ptr<float>(), d_initial.data_ptr<float>(),
-      static_cast<int>(N), static_cast<int>(K), static_cast<int>(V), total);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch(decay_scan_backward_kernel, scan_blocks(total), kThreads, 0, ptr_or_null(Dc), ptr_or_null(dSn),
+         ptr_or_null(dSf), lambda.data_ptr<float>(), d_initial.data_ptr<float>(), static_cast<int>(N),
+         static_cast<int>(K), static_cast<int>(V), total);
   return {lambda, d_initial};
 }
 

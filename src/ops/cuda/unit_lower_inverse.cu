@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
@@ -41,10 +42,8 @@ torch::Tensor unit_lower_inverse(const torch::Tensor& L) {
   const int64_t M = Lc.numel() / (C * C);
   if (M == 0) return T;
   const size_t smem = 2 * C * C * sizeof(float);
-  unit_lower_inverse_kernel<<<static_cast<unsigned>(M), static_cast<unsigned>(C), smem,
-                              at::cuda::getCurrentCUDAStream()>>>(Lc.data_ptr<float>(), T.data_ptr<float>(),
-                                                                  static_cast<int>(C));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch(unit_lower_inverse_kernel, static_cast<unsigned>(M), static_cast<unsigned>(C), smem, Lc.data_ptr<float>(),
+         T.data_ptr<float>(), static_cast<int>(C));
   return T;
 }
 

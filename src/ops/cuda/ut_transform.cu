@@ -430,12 +430,10 @@ UtForward ut_transform_forward(const torch::Tensor& k, const torch::Tensor& v, c
     using E = decltype(elem);
     auto kernel = ut_forward_kernel<E>;
     constexpr size_t smem = ForwardSmem::bytes;
-    allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
-    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(),
-                                                                      ptr_or_null(g), data_as<E>(out.w), data_as<E>(out.u),
-                                                                      out.inverse.data_ptr<float>(), p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch(kernel, grid, kThreads, smem,
+        data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(), ptr_or_null(g), data_as<E>(out.w), data_as<E>(out.u),
+        out.inverse.data_ptr<float>(), p);
   });
   return out;
 }
@@ -458,13 +456,11 @@ UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, co
     using E = decltype(elem);
     auto kernel = ut_backward_kernel<E>;
     constexpr size_t smem = BackwardSmem::bytes;
-    allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
-    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
-        data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(), ptr_or_null(g), inverse.data_ptr<float>(), data_as<E>(dw),
-        data_as<E>(du), data_as<E>(out.dk), data_as<E>(out.dv), out.dbeta.data_ptr<float>(),
+    launch(kernel, grid, kThreads, smem,
+        data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(), ptr_or_null(g), inverse.data_ptr<float>(),
+        data_as<E>(dw), data_as<E>(du), data_as<E>(out.dk), data_as<E>(out.dv), out.dbeta.data_ptr<float>(),
         out_or_null(out.dg), p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }

@@ -360,13 +360,11 @@ VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::T
     using E = decltype(elem);
     auto kernel = vector_scores_forward_kernel<E>;
     constexpr size_t smem = ForwardSmem::bytes;
-    allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH()));
-    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    launch(kernel, grid, kThreads, smem,
         data_as<E>(q), data_as<E>(k), g.data_ptr<float>(), data_as<E>(out.A), data_as<E>(out.qd), data_as<E>(out.kd),
         out.a.data_ptr<float>(), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H),
         static_cast<float>(scale));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
@@ -398,13 +396,11 @@ VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Te
     using E = decltype(elem);
     auto kernel = vector_scores_backward_kernel<E>;
     constexpr size_t smem = BackwardSmem::bytes;
-    allow_dynamic_smem(kernel, smem);
     const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH()));
-    kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
+    launch(kernel, grid, kThreads, smem,
         data_as<E>(q), data_as<E>(k), g.data_ptr<float>(), data_as<E>(dA), data_as<E>(dqd), data_as<E>(dkd),
         da.data_ptr<float>(), data_as<E>(out.dq), data_as<E>(out.dk), out.dg.data_ptr<float>(), static_cast<int>(p.N),
         static_cast<int>(p.T), static_cast<int>(p.H), static_cast<float>(scale));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
 }
