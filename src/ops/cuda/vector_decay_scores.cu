@@ -78,16 +78,9 @@ struct Chunk {
 template <typename E>
 __device__ void load_chunk(E* sq, E* sk, float* sG, float* totals, const E* __restrict__ q,
                            const E* __restrict__ k, const float* __restrict__ g, const Chunk& at) {
-  for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
-    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
-    uint4 x = make_uint4(0, 0, 0, 0), y = x;
-    if (at.live(r)) {
-      x = *reinterpret_cast<const uint4*>(q + at.row(r) + c);
-      y = *reinterpret_cast<const uint4*>(k + at.row(r) + c);
-    }
-    *reinterpret_cast<uint4*>(sq + r * Pads::ld + c) = x;
-    *reinterpret_cast<uint4*>(sk + r * Pads::ld + c) = y;
-  }
+  RowPrefetch<kD, E> rq, rk;
+  rq.fetch(q + at.head, at.stride, at.t0, at.T), rk.fetch(k + at.head, at.stride, at.t0, at.T);
+  rq.put(sq, Pads::ld), rk.put(sk, Pads::ld);
   for (int i = threadIdx.x; i < kC * kD / 4; i += kThreads) {
     const int r = i / (kD / 4), c = (i % (kD / 4)) * 4;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -320,9 +313,10 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-void check_rows(const torch::Tensor& x, const torch::Tensor& like, torch::ScalarType dt, const char* name) {
-  TORCH_CHECK(x.sizes() == like.sizes() && x.scalar_type() == dt && x.is_contiguous(), "fused vector-decay scores: ",
-              name, " must be ", like.sizes(), " ", dt, " contiguous; got ", x.sizes(), " ", x.scalar_type());
+// x must have these sizes and dtype and be contiguous.
+void check_rows(const torch::Tensor& x, torch::IntArrayRef sizes, torch::ScalarType dt, const char* name) {
+  TORCH_CHECK(x.sizes() == sizes && x.scalar_type() == dt && x.is_contiguous(), "fused vector-decay scores: ", name,
+              " must be ", sizes, " ", dt, " contiguous; got ", x.sizes(), " ", x.scalar_type());
 }
 
 // q, k [B,T,H,64] (one 16-bit dtype), g the same in fp32.
@@ -338,8 +332,8 @@ Shape shape_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
               "fused vector-decay scores: expects q [B,T,H,64] bf16 or fp16, contiguous; got ", q.sizes(), " ",
               q.scalar_type());
   TORCH_CHECK(q.size(0) * q.size(2) <= 65535, "fused vector-decay scores: at most 65535 (batch, head) pairs");
-  check_rows(k, q, q.scalar_type(), "k");
-  check_rows(g, q, torch::kFloat, "g");
+  check_rows(k, q.sizes(), q.scalar_type(), "k");
+  check_rows(g, q.sizes(), torch::kFloat, "g");
   const int64_t T = q.size(1);
   return Shape{q.size(0), T, q.size(2), (T + kC - 1) / kC};
 }
@@ -373,19 +367,10 @@ VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Te
                                          const torch::Tensor& dA, const torch::Tensor& dqd, const torch::Tensor& dkd,
                                          const torch::Tensor& da, double scale) {
   const Shape p = shape_of(q, k, g);
-  TORCH_CHECK(dA.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && dA.scalar_type() == q.scalar_type() &&
-                  dA.is_contiguous(),
-              "fused vector-decay scores: dA must be [B,H,N,64,64] in q's dtype, contiguous; got ", dA.sizes());
-  auto check_walk_rows = [&](const torch::Tensor& x, const char* name) {
-    TORCH_CHECK(x.sizes() == torch::IntArrayRef(p.walk_rows()) && x.scalar_type() == q.scalar_type() &&
-                    x.is_contiguous(),
-                "fused vector-decay scores: ", name, " must be [B,H,N*64,64] in q's dtype, contiguous; got ", x.sizes());
-  };
-  check_walk_rows(dqd, "dqd");
-  check_walk_rows(dkd, "dkd");
-  TORCH_CHECK(da.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kD}) && da.scalar_type() == torch::kFloat &&
-                  da.is_contiguous(),
-              "fused vector-decay scores: da must be [B,H,N,64] fp32, contiguous; got ", da.sizes());
+  check_rows(dA, {p.B, p.H, p.N, kC, kC}, q.scalar_type(), "dA");
+  check_rows(dqd, p.walk_rows(), q.scalar_type(), "dqd (the walk's rows)");
+  check_rows(dkd, p.walk_rows(), q.scalar_type(), "dkd (the walk's rows)");
+  check_rows(da, {p.B, p.H, p.N, kD}, torch::kFloat, "da");
   const c10::cuda::CUDAGuard guard(q.device());
   VectorScoresGrads out;
   out.dq = torch::empty_like(q);
