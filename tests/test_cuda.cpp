@@ -338,10 +338,11 @@ TEST(CudaOps, FusedUtTransformMatchesFp32) {
   }
 }
 
-// The fused delta rule (the UT transform and the walk of ops/cuda, head size 64, no or a scalar decay)
-// in bf16 and fp16 against the libtorch chunked form in fp32 on the same rounded inputs: o, final state
-// and the gradients of q, k, v, beta, h0 and the decay. The libtorch form run in the 16-bit dtype is
-// printed alongside as the round-off to expect.
+// The fused delta rule in bf16 and fp16 against the libtorch chunked form in fp32 on the same rounded
+// inputs: o, final state and the gradients of q, k, v, beta, h0 and the decay. Head size 64, no or a
+// scalar decay (the UT transform and the walk of ops/cuda) and a decay per key channel (Kimi Delta
+// Attention: the vector-decay scores, the solve, the vector-decay walk). The libtorch form run in the
+// 16-bit dtype is printed alongside as the round-off to expect.
 TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
   REQUIRE_CUDA();
   NoTf32 no_tf32;
@@ -350,7 +351,8 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
     int gate;
     torch::ScalarType dt;
   };
-  const std::vector<Case> cases = {{0, torch::kBFloat16}, {2, torch::kBFloat16}, {2, torch::kHalf}};
+  const std::vector<Case> cases = {{0, torch::kBFloat16}, {2, torch::kBFloat16}, {2, torch::kHalf},
+                                   {3, torch::kBFloat16}, {3, torch::kHalf}};
   for (const auto& c : cases) {
     const OpCase op{"delta", Family::DeltaRule, c.gate};
     SCOPED_TRACE("gate=" + std::to_string(c.gate));
@@ -376,8 +378,11 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
       auto in = to_device(base, torch::kCUDA, false);
       for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
       const auto kind = ops::detail::gate_kind(in.g, B, T, H, D, "test");
-      ASSERT_TRUE(ops::detail::fused_delta_rule_dtype(in.q, in.k, in.v, kind, 64).has_value())
-          << "the fused walk should take this case";
+      const bool taken = c.gate == 3 ? ops::detail::fused_vector_delta_rule_chunk(in.q, in.k, in.v, in.beta, in.g, kind,
+                                                                                 in.h0, scale, 64)
+                                           .has_value()
+                                     : ops::detail::fused_delta_rule_dtype(in.q, in.k, in.v, kind, 64).has_value();
+      ASSERT_TRUE(taken) << "the fused walk should take this case";
     }
     auto ref = run(torch::kFloat, false), fused = run(c.dt, true), plain = run(c.dt, false);
     const std::string line = compare_fused(ref, fused, plain, {"o", "state", "dq", "dk", "dv", "dbeta", "dh0", "dg"});
@@ -440,13 +445,13 @@ TEST(CudaOps, FusedDecodeStepMatchesLibtorchStep) {
 
 // ---- (c) mixers on CUDA ----------------------------------------------------------------------------
 
-// Linear attention, RetNet, DeltaNet and Gated DeltaNet layers (head size 64) trained as the trainer
+// Linear attention, RetNet, GLA, DeltaNet, Gated DeltaNet and KDA layers (head size 64) trained as the trainer
 // runs them, under bf16 autocast, take the fused chunk kernels; their output and every parameter gradient must match the
 // libtorch chunked form (fused kernels off) run under the same autocast, within bf16 round-off.
 TEST(CudaMixers, FusedChunkUnderAutocastMatchesLibtorch) {
   REQUIRE_CUDA();
   const int64_t B = 2, T = 150;
-  for (const std::string kind : {"linear_attention", "retnet", "gla", "deltanet", "gated_deltanet"}) {
+  for (const std::string kind : {"linear_attention", "retnet", "gla", "deltanet", "gated_deltanet", "kda"}) {
     SCOPED_TRACE(kind);
     torch::manual_seed(5);
     MixerConfig cfg = MixerConfig::defaults_for(kind);

@@ -112,6 +112,22 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk);
 
+// The intra-chunk scores and row factors of a decay per key channel through vector_decay_scores.cu (CUDA
+// build only), differentiable in q, k and g: q, k [B,T,H,64] in one 16-bit dtype and g [B,T,H,64] fp32,
+// contiguous (aligned_rows) -> {A, qd, kd, a} as cuda_kernels::vector_scores_forward gives them. GLA's
+// fused form and Kimi Delta Attention's (twice: q against k and k against k) build on it.
+std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
+                                               double scale);
+
+// The chunked form of family B with a decay per key channel (Kimi Delta Attention) through fused CUDA
+// kernels (delta_rule_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused kernels on, chunk 64,
+// K = V = 64, q, k, v in bf16 or fp16 (or fp32 under bf16/fp16 autocast). Otherwise nothing, and
+// delta_rule_chunk runs its libtorch form. Differentiable in q, k, v, beta, g and h0.
+std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k,
+                                                      const torch::Tensor& v, const torch::Tensor& beta,
+                                                      const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
+                                                      double scale, int64_t chunk);
+
 // The 16-bit dtype the fused chunk kernels would run q, k, v in, or nothing when they cannot: CUDA, fused
 // kernels on, chunk 64, q, k, v of one dtype that is bf16/fp16, or fp32 under bf16/fp16 autocast (the
 // products then run in autocast's dtype, as the libtorch form would compute them). Each kernel file

@@ -1,7 +1,9 @@
-// Family A with a decay per key channel (GLA), head size 64: the walk over the chunks of 64, fused.
-// The chunk-parallel parts come from elsewhere: the intra-chunk scores A from vector_decay_scores.cu,
-// the row factors too (qd, kd and a; see ops/linear_attention_ops/fused_vector_chunk.cpp). With G the
-// chunk-local cumulative log decay [C, K] (every exponent below is <= 0):
+// A decay per key channel, head size 64: the walk over the chunks of 64, fused, for GLA (family A) and
+// for Kimi Delta Attention (family B, the delta rule: Delta = true). The chunk-parallel parts come from
+// elsewhere: the intra-chunk scores A and the row factors qd, kd and a from vector_decay_scores.cu (see
+// ops/linear_attention_ops/fused_vector_chunk.cpp), and for the delta rule the UT transform's W and U
+// (ops/delta_rule_ops/fused_vector_chunk.cpp). With G the chunk-local cumulative log decay [C, K]
+// (every exponent below is <= 0):
 //   qd = scale e^G ⊙ q,   kd = e^{Gl - G} ⊙ k,   a = e^{Gl} (one factor per key channel)
 // and S the state entering the chunk (fp32 [K, V], read by the products through a 16-bit copy):
 //   o  = qd S + A v
@@ -12,11 +14,15 @@
 //   dv  = A^T do + kd dS'
 //   dqd = do S^T,   dkd = v dS'^T,   da = Σ_v dS' ⊙ S  (per key channel, fp32)
 //   dS  = Diag(a) dS' + qd^T do
+// With the delta rule the values are the chunk's corrected writes v = V' = U - W S (recomputed from the
+// stored S on the way back), and the gradient that reaches v goes on to U and W:
+//   du = dV',   dw = -dV' S^T,   dS gains -W^T dV'
 // One thread block per (batch, head), 256 threads, every product on tensor cores (chunk_tiles.cuh).
 // v, o and their gradients are the caller's rows [B, T, H, 64] (zeros past T on the way in, nothing
 // written past T on the way out). What comes from the scores kernels is heads first and padded to whole
 // chunks: qd, kd [B*H, N*64, 64]; A, dA and the stored states [B*H, N, 64, 64]; a, da [B*H, N, 64]; h0
-// and the final state [B*H, 64, 64] fp32.
+// and the final state [B*H, 64, 64] fp32. W, U and their gradients are heads first as well,
+// [B*H, N*64, 64].
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -34,19 +40,23 @@ constexpr int kD = 64;  // K = V
 
 using Pads = Pads64;
 
-// Forward: qd, kd, v, A, the state (fp32 and 16-bit), one staging area, a. About 79 KiB: two blocks per SM.
+// Forward: qd, kd, v (u, then V'), A, the state (fp32 and 16-bit), one staging area, a, and with the
+// delta rule w. About 79 KiB (88 with w): two blocks per SM.
+template <bool Delta>
 struct ForwardLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, v = k + rows16, A = v + rows16, state = A + rows16;
   static constexpr size_t state16 = state + mat32, stage = state16 + rows16, decay = stage + mat32;
-  static constexpr size_t bytes = decay + vec;
+  static constexpr size_t w = decay + vec, bytes = w + (Delta ? rows16 : 0);
 };
 
-// Backward: qd, kd, v, do, A, the stored state S (16-bit), dS' (fp32 and 16-bit), one staging area, a.
-// About 97 KiB: two blocks per SM.
+// Backward: qd, kd, v (u, then V'), do, A (then -dV'), the stored state S (16-bit), dS' (fp32 and
+// 16-bit), one staging area, a, and with the delta rule w. About 97 KiB (106 with w): two blocks per SM.
+template <bool Delta>
 struct BackwardLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, v = k + rows16, dout = v + rows16, A = dout + rows16;
   static constexpr size_t state16 = A + rows16, dstate = state16 + rows16, dstate16 = dstate + mat32;
-  static constexpr size_t stage = dstate16 + rows16, decay = stage + mat32, bytes = decay + vec;
+  static constexpr size_t stage = dstate16 + rows16, decay = stage + mat32, w = decay + vec;
+  static constexpr size_t bytes = w + (Delta ? rows16 : 0);
 };
 
 // Where block bh = b H + h's data lie.
@@ -76,16 +86,42 @@ __device__ void decay_rows(float* S, const float* a) {
   }
 }
 
+// The rows of the values in chunk n: the caller's v [B, T, H, 64], or with the delta rule U heads first
+// [B*H, N*64, 64]. The same places take dv (du).
+template <bool Delta, typename E>
+__device__ __forceinline__ void fetch_values(RowPrefetch<kD, E>& next, const E* v, const Walk& at, int n) {
+  if constexpr (Delta) next.fetch(v + at.rows, kD, n * kC, at.Tp);
+  else next.fetch(v + at.head, at.stride, n * kC, at.T);
+}
+template <bool Delta, typename E>
+__device__ __forceinline__ void store_values(E* dv, const Walk& at, int n, const float* stage) {
+  if constexpr (Delta) store_rows<kD>(dv + at.rows, kD, n * kC, at.Tp, stage, Pads::ld32);
+  else store_rows<kD>(dv + at.head, at.stride, n * kC, at.T, stage, Pads::ld32);
+}
+
+// v (u with the delta rule) [64, ld] -= w S16: the chunk's corrected writes V'. Starts and ends with the
+// block in step; uses the staging area.
 template <typename E>
+__device__ void correct_writes(E* sv, const E* sw, const E* S16, float* stage) {
+  tiles_into_stage<kD>(stage, Pads::ld32, [&](Acc& acc, int R, int Cc) {
+    product_tile<false, false>(acc, sw, Pads::ld, S16, Pads::ld, R, Cc, 0, kD / 16);
+  });
+  __syncthreads();
+  subtract_rows<kD, true>(sv, Pads::ld, stage, Pads::ld32);
+  __syncthreads();
+}
+
+// v is the caller's values (GLA) or U (the delta rule, with w = W; w is unused otherwise).
+template <typename E, bool Delta>
 __global__ void __launch_bounds__(kThreads, 2)
     vector_walk_forward_kernel(const E* __restrict__ qd, const E* __restrict__ kd, const E* __restrict__ v,
-                               const E* __restrict__ A, const float* __restrict__ a, const float* __restrict__ h0,
-                               E* __restrict__ o, float* __restrict__ final_state, E* __restrict__ states, int N,
-                               int T, int H) {
-  using L = ForwardLayout;
+                               const E* __restrict__ w, const E* __restrict__ A, const float* __restrict__ a,
+                               const float* __restrict__ h0, E* __restrict__ o, float* __restrict__ final_state,
+                               E* __restrict__ states, int N, int T, int H) {
+  using L = ForwardLayout<Delta>;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sA = view<E>(smem, L::A);
-  E* S16 = view<E>(smem, L::state16);
+  E *S16 = view<E>(smem, L::state16), *sw = view<E>(smem, L::w);
   float *S = view<float>(smem, L::state), *stage = view<float>(smem, L::stage), *decay = view<float>(smem, L::decay);
   const Walk at(N, T, H);
   const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
@@ -93,23 +129,26 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_state<kD, kD>(S, L::ld32, h0 != nullptr ? h0 + state_at : nullptr);
   __syncthreads();
   copy_state<kD, kD>(S16, L::ld, S, L::ld32);
-  RowPrefetch<kD, E> nq, nk, nv, nA;
+  RowPrefetch<kD, E> nq, nk, nv, nA, nw;
   float na = 0.f;
   auto fetch = [&](int n) {
     const int t0 = n * kC;
     nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp);
-    nv.fetch(v + at.head, at.stride, t0, at.T), nA.fetch(A + at.square(n), kD, 0, kC);
+    fetch_values<Delta>(nv, v, at, n), nA.fetch(A + at.square(n), kD, 0, kC);
+    if constexpr (Delta) nw.fetch(w + at.rows, kD, t0, at.Tp);
     if (threadIdx.x < kD) na = a[at.channels(n) + threadIdx.x];
   };
   fetch(0);
   for (int n = 0; n < N; ++n) {
     nq.put(sq, L::ld), nk.put(sk, L::ld), nv.put(sv, L::ld), nA.put(sA, L::ld);
+    if constexpr (Delta) nw.put(sw, L::ld);
     if (threadIdx.x < kD) decay[threadIdx.x] = na;
     if (n + 1 < N) fetch(n + 1);  // in flight while this chunk is computed
     __syncthreads();
     store_state16<kD, kD>(states + at.square(n), S16, L::ld);
     decay_rows(S, decay);
-    __syncthreads();
+    if constexpr (Delta) correct_writes(sv, sw, S16, stage);
+    else __syncthreads();
     // o = qd S + A v into the staging area; S += kd^T v (fp32 master only).
     tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
       product_tile<false, false>(acc, sq, L::ld, S16, L::ld, R, Cc, 0, kD / 16);
@@ -123,17 +162,21 @@ __global__ void __launch_bounds__(kThreads, 2)
   store_state<kD, kD>(final_state + state_at, S, L::ld32);
 }
 
-template <typename E>
+// v and dv are the caller's values and their gradient (GLA), or U and dU (the delta rule, which also
+// reads w = W and writes dw = dW; both unused otherwise).
+template <typename E, bool Delta>
 __global__ void __launch_bounds__(kThreads, 2)
     vector_walk_backward_kernel(const E* __restrict__ qd, const E* __restrict__ kd, const E* __restrict__ v,
-                                const E* __restrict__ A, const float* __restrict__ a, const E* __restrict__ states,
-                                const E* __restrict__ dout, const float* __restrict__ d_final, E* __restrict__ dqd,
-                                E* __restrict__ dkd, E* __restrict__ dv, E* __restrict__ dA, float* __restrict__ da,
+                                const E* __restrict__ w, const E* __restrict__ A, const float* __restrict__ a,
+                                const E* __restrict__ states, const E* __restrict__ dout,
+                                const float* __restrict__ d_final, E* __restrict__ dqd, E* __restrict__ dkd,
+                                E* __restrict__ dv, E* __restrict__ dw, E* __restrict__ dA, float* __restrict__ da,
                                 float* __restrict__ d_initial, int N, int T, int H) {
-  using L = BackwardLayout;
+  using L = BackwardLayout<Delta>;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sdo = view<E>(smem, L::dout);
   E *sA = view<E>(smem, L::A), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
+  E* sw = view<E>(smem, L::w);
   float *dS = view<float>(smem, L::dstate), *stage = view<float>(smem, L::stage), *decay = view<float>(smem, L::decay);
   const Walk at(N, T, H);
   const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
@@ -141,14 +184,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_state<kD, kD>(dS, L::ld32, d_final != nullptr ? d_final + state_at : nullptr);
   __syncthreads();
   copy_state<kD, kD>(dS16, L::ld, dS, L::ld32);
-  RowPrefetch<kD, E> nq, nk, nv, ndo, nA, nS;
+  RowPrefetch<kD, E> nq, nk, nv, ndo, nA, nS, nw;
   float na = 0.f;
   auto fetch = [&](int n) {
     const int t0 = n * kC;
     nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp);
-    nv.fetch(v + at.head, at.stride, t0, at.T), ndo.fetch(dout + at.head, at.stride, t0, at.T);
+    fetch_values<Delta>(nv, v, at, n), ndo.fetch(dout + at.head, at.stride, t0, at.T);
     nA.fetch(A + at.square(n), kD, 0, kC);
     nS.fetch(states + at.square(n), kD, 0, kD);
+    if constexpr (Delta) nw.fetch(w + at.rows, kD, t0, at.Tp);
     if (threadIdx.x < kD) na = a[at.channels(n) + threadIdx.x];
   };
   fetch(N - 1);
@@ -156,9 +200,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int t0 = n * kC;
     nq.put(sq, L::ld), nk.put(sk, L::ld), nv.put(sv, L::ld), ndo.put(sdo, L::ld), nA.put(sA, L::ld);
     nS.put(sS, L::ld);
+    if constexpr (Delta) nw.put(sw, L::ld);
     if (threadIdx.x < kD) decay[threadIdx.x] = na;
     if (n > 0) fetch(n - 1);  // in flight while this chunk is computed
     __syncthreads();
+    if constexpr (Delta) correct_writes(sv, sw, sS, stage);  // V', as the forward computed it
     // dA = do v^T on and below the diagonal; da = Σ_v dS' ⊙ S (four threads a row).
     scores_into_stage<kD>(stage, L::ld32, sdo, sv, L::ld);
     {
@@ -177,13 +223,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     store_lower16(dA + at.square(n), stage, L::ld32, 1.f);
     __syncthreads();
-    // dv = A^T do + kd dS'.
+    // dv = A^T do + kd dS' (with the delta rule: du = dV', and -dV' where A was).
     tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
       product_tile<true, false>(acc, sA, L::ld, sdo, L::ld, R, Cc, R, kRowTiles);
       product_tile<false, false>(acc, sk, L::ld, dS16, L::ld, R, Cc, 0, kD / 16);
     });
     __syncthreads();
-    store_rows<kD>(dv + at.head, at.stride, t0, at.T, stage, L::ld32);
+    store_values<Delta>(dv, at, n, stage);
+    if constexpr (Delta) subtract_rows<kD, false>(sA, L::ld, stage, L::ld32);
     __syncthreads();
     // dqd = do S^T.
     tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
@@ -198,10 +245,20 @@ __global__ void __launch_bounds__(kThreads, 2)
     });
     decay_rows(dS, decay);
     __syncthreads();
-    // dS = Diag(a) dS' + qd^T do.
+    // dS = Diag(a) dS' + qd^T do (- W^T dV' with the delta rule).
     store_rows<kD>(dkd + at.rows, kD, t0, at.Tp, stage, L::ld32);
-    update_state<kD, kD>(dS, L::ld32, 1.f, sq, L::ld, sdo, L::ld);
+    accumulate_state<kD, kD>(dS, L::ld32, 1.f, [&](Acc& acc, int R, int Cc) {
+      product_tile<true, false>(acc, sq, L::ld, sdo, L::ld, R, Cc, 0, kRowTiles);
+      if constexpr (Delta) product_tile<true, false>(acc, sw, L::ld, sA, L::ld, R, Cc, 0, kRowTiles);
+    });
     __syncthreads();
+    if constexpr (Delta) {  // dw = -dV' S^T
+      tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+        product_tile<false, true>(acc, sA, L::ld, sS, L::ld, R, Cc, 0, kD / 16);
+      });
+      __syncthreads();
+      store_rows<kD>(dw + at.rows, kD, t0, at.Tp, stage, L::ld32);
+    }
     copy_state<kD, kD>(dS16, L::ld, dS, L::ld32);
     __syncthreads();  // the next chunk's rows replace these
   }
@@ -213,24 +270,102 @@ struct WalkShape {
   int64_t BH() const { return B * H; }
 };
 
-// qd, kd [B,H,N*64,64] (one 16-bit dtype), v [B,T,H,64] (the same dtype), A [B,H,N,64,64], a [B,H,N,64] fp32.
+// qd, kd [B,H,N*64,64] in v's dtype, A [B,H,N,64,64] in v's dtype, a [B,H,N,64] fp32, all contiguous.
+void check_walk_inputs(const WalkShape& p, torch::ScalarType dt, const torch::Tensor& qd, const torch::Tensor& kd,
+                       const torch::Tensor& A, const torch::Tensor& a) {
+  const std::vector<int64_t> rows{p.B, p.H, p.N * kC, kD};
+  TORCH_CHECK(qd.sizes() == torch::IntArrayRef(rows) && kd.sizes() == qd.sizes() && qd.scalar_type() == dt &&
+                  kd.scalar_type() == dt && qd.is_contiguous() && kd.is_contiguous(),
+              "fused vector-decay walk: qd and kd must be ", torch::IntArrayRef(rows), " in the values' dtype, "
+              "contiguous; got ", qd.sizes(), " ", kd.sizes());
+  TORCH_CHECK(A.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && A.scalar_type() == dt && A.is_contiguous(),
+              "fused vector-decay walk: A must be [B,H,N,64,64] in the values' dtype; got ", A.sizes());
+  TORCH_CHECK(a.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kD}) && a.scalar_type() == torch::kFloat && a.is_contiguous(),
+              "fused vector-decay walk: a must be [B,H,N,64] fp32; got ", a.sizes(), " ", a.scalar_type());
+}
+
+// GLA: v [B,T,H,64] bf16 or fp16.
 WalkShape walk_shape(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v, const torch::Tensor& A,
                      const torch::Tensor& a) {
   TORCH_CHECK(v.dim() == 4 && v.size(3) == kD && vector_decay_chunk_supported(kD, kD, v.scalar_type()) &&
                   v.is_contiguous(),
               "fused vector-decay walk: expects v [B,T,H,64] bf16 or fp16, contiguous; got ", v.sizes(), " ",
               v.scalar_type());
-  const int64_t B = v.size(0), T = v.size(1), H = v.size(2), N = (T + kC - 1) / kC;
-  const std::vector<int64_t> rows{B, H, N * kC, kD};
-  TORCH_CHECK(qd.sizes() == torch::IntArrayRef(rows) && kd.sizes() == qd.sizes() && qd.scalar_type() == v.scalar_type() &&
-                  kd.scalar_type() == v.scalar_type() && qd.is_contiguous() && kd.is_contiguous(),
-              "fused vector-decay walk: qd and kd must be ", torch::IntArrayRef(rows), " in v's dtype, contiguous; got ",
-              qd.sizes(), " ", kd.sizes());
-  TORCH_CHECK(A.sizes() == torch::IntArrayRef({B, H, N, kC, kC}) && A.scalar_type() == v.scalar_type() && A.is_contiguous(),
-              "fused vector-decay walk: A must be [B,H,N,64,64] in v's dtype; got ", A.sizes());
-  TORCH_CHECK(a.sizes() == torch::IntArrayRef({B, H, N, kD}) && a.scalar_type() == torch::kFloat && a.is_contiguous(),
-              "fused vector-decay walk: a must be [B,H,N,64] fp32; got ", a.sizes(), " ", a.scalar_type());
-  return WalkShape{B, T, H, N};
+  const WalkShape p{v.size(0), v.size(1), v.size(2), (v.size(1) + kC - 1) / kC};
+  check_walk_inputs(p, v.scalar_type(), qd, kd, A, a);
+  return p;
+}
+
+// The delta rule: w, u [B,H,N*64,64] bf16 or fp16 with N = ceil(T / 64).
+WalkShape delta_walk_shape(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
+                           const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a, int64_t T) {
+  TORCH_CHECK(u.dim() == 4 && u.size(3) == kD && T >= 0 && u.size(2) == (T + kC - 1) / kC * kC &&
+                  vector_decay_chunk_supported(kD, kD, u.scalar_type()) && u.is_contiguous() &&
+                  w.sizes() == u.sizes() && w.scalar_type() == u.scalar_type() && w.is_contiguous(),
+              "fused vector-decay delta walk: expects w and u [B,H,N*64,64] bf16 or fp16 with N = ceil(T/64) = ",
+              (T + kC - 1) / kC, ", contiguous; got ", w.sizes(), " ", u.sizes(), " ", u.scalar_type());
+  const WalkShape p{u.size(0), T, u.size(1), u.size(2) / kC};
+  check_walk_inputs(p, u.scalar_type(), qd, kd, A, a);
+  return p;
+}
+
+template <bool Delta>
+VectorWalkForward walk_forward(const WalkShape& p, const torch::Tensor& qd, const torch::Tensor& kd,
+                               const torch::Tensor& v, const torch::Tensor& w, const torch::Tensor& A,
+                               const torch::Tensor& a, const torch::Tensor& h0) {
+  const c10::cuda::CUDAGuard guard(qd.device());
+  VectorWalkForward out;
+  out.o = torch::empty({p.B, p.T, p.H, kD}, v.options());
+  out.final_state = torch::empty({p.B, p.H, kD, kD}, v.options().dtype(torch::kFloat));
+  out.states = torch::empty({p.B, p.H, p.N, kD, kD}, v.options());
+  if (p.N == 0 || p.BH() == 0) {
+    out.final_state.copy_(h0.defined() ? h0 : torch::zeros_like(out.final_state));
+    return out;
+  }
+  dispatch_16bit(qd.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    launch(vector_walk_forward_kernel<E, Delta>, static_cast<unsigned>(p.BH()), kThreads, ForwardLayout<Delta>::bytes,
+           data_as<E>(qd), data_as<E>(kd), data_as<E>(v), Delta ? data_as<E>(w) : nullptr, data_as<E>(A),
+           a.data_ptr<float>(), ptr_or_null(h0), data_as<E>(out.o), out.final_state.data_ptr<float>(),
+           data_as<E>(out.states), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H));
+  });
+  return out;
+}
+
+template <bool Delta>
+VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const torch::Tensor& kd,
+                              const torch::Tensor& v, const torch::Tensor& w, const torch::Tensor& A,
+                              const torch::Tensor& a, const torch::Tensor& states, const torch::Tensor& d_out,
+                              const torch::Tensor& d_final, bool want_d_initial) {
+  TORCH_CHECK(d_out.sizes() == torch::IntArrayRef({p.B, p.T, p.H, kD}) && d_out.scalar_type() == qd.scalar_type() &&
+                  d_out.is_contiguous(),
+              "fused vector-decay walk: d_out must be [B,T,H,64] in the values' dtype, contiguous; got ", d_out.sizes(),
+              " ", d_out.scalar_type());
+  TORCH_CHECK(states.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kD, kD}) && states.scalar_type() == qd.scalar_type(),
+              "fused vector-decay walk: the stored states must be [B,H,N,64,64]; got ", states.sizes());
+  const c10::cuda::CUDAGuard guard(qd.device());
+  VectorWalkGrads out;
+  out.dqd = torch::empty_like(qd);
+  out.dkd = torch::empty_like(kd);
+  out.dv = torch::empty_like(v);
+  if (Delta) out.dw = torch::empty_like(w);
+  out.dA = torch::empty_like(A);
+  out.da = torch::empty_like(a);
+  if (want_d_initial) out.d_initial = torch::empty({p.B, p.H, kD, kD}, a.options());
+  if (p.N == 0 || p.BH() == 0) {
+    if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
+    return out;
+  }
+  dispatch_16bit(qd.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    launch(vector_walk_backward_kernel<E, Delta>, static_cast<unsigned>(p.BH()), kThreads,
+           BackwardLayout<Delta>::bytes, data_as<E>(qd), data_as<E>(kd), data_as<E>(v),
+           Delta ? data_as<E>(w) : nullptr, data_as<E>(A), a.data_ptr<float>(), data_as<E>(states),
+           data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dqd), data_as<E>(out.dkd), data_as<E>(out.dv),
+           Delta ? data_as<E>(out.dw) : nullptr, data_as<E>(out.dA), out.da.data_ptr<float>(),
+           out_or_null(out.d_initial), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H));
+  });
+  return out;
 }
 
 }  // namespace
@@ -241,58 +376,29 @@ bool vector_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt) {
 
 VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v,
                                       const torch::Tensor& A, const torch::Tensor& a, const torch::Tensor& h0) {
-  const WalkShape p = walk_shape(qd, kd, v, A, a);
-  const c10::cuda::CUDAGuard guard(qd.device());
-  VectorWalkForward out;
-  out.o = torch::empty_like(v);
-  out.final_state = torch::empty({p.B, p.H, kD, kD}, v.options().dtype(torch::kFloat));
-  out.states = torch::empty({p.B, p.H, p.N, kD, kD}, v.options());
-  if (p.N == 0 || p.BH() == 0) {
-    out.final_state.copy_(h0.defined() ? h0 : torch::zeros_like(out.final_state));
-    return out;
-  }
-  dispatch_16bit(qd.scalar_type(), [&](auto elem) {
-    using E = decltype(elem);
-    auto kernel = vector_walk_forward_kernel<E>;
-    constexpr size_t smem = ForwardLayout::bytes;
-    launch(kernel, static_cast<unsigned>(p.BH()), kThreads, smem,
-        data_as<E>(qd), data_as<E>(kd), data_as<E>(v), data_as<E>(A), a.data_ptr<float>(), ptr_or_null(h0),
-        data_as<E>(out.o), out.final_state.data_ptr<float>(), data_as<E>(out.states), static_cast<int>(p.N),
-        static_cast<int>(p.T), static_cast<int>(p.H));
-  });
-  return out;
+  return walk_forward<false>(walk_shape(qd, kd, v, A, a), qd, kd, v, torch::Tensor(), A, a, h0);
 }
 
 VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v,
                                      const torch::Tensor& A, const torch::Tensor& a, const torch::Tensor& states,
                                      const torch::Tensor& d_out, const torch::Tensor& d_final, bool want_d_initial) {
-  const WalkShape p = walk_shape(qd, kd, v, A, a);
-  TORCH_CHECK(d_out.sizes() == v.sizes() && d_out.scalar_type() == v.scalar_type() && d_out.is_contiguous(),
-              "fused vector-decay walk: d_out must be [B,T,H,64] in v's dtype, contiguous; got ", d_out.sizes(), " ",
-              d_out.scalar_type());
-  const c10::cuda::CUDAGuard guard(qd.device());
-  VectorWalkGrads out;
-  out.dqd = torch::empty_like(qd);
-  out.dkd = torch::empty_like(kd);
-  out.dv = torch::empty_like(v);
-  out.dA = torch::empty_like(A);
-  out.da = torch::empty_like(a);
-  if (want_d_initial) out.d_initial = torch::empty({p.B, p.H, kD, kD}, a.options());
-  if (p.N == 0 || p.BH() == 0) {
-    if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
-    return out;
-  }
-  dispatch_16bit(qd.scalar_type(), [&](auto elem) {
-    using E = decltype(elem);
-    auto kernel = vector_walk_backward_kernel<E>;
-    constexpr size_t smem = BackwardLayout::bytes;
-    launch(kernel, static_cast<unsigned>(p.BH()), kThreads, smem,
-        data_as<E>(qd), data_as<E>(kd), data_as<E>(v), data_as<E>(A), a.data_ptr<float>(), data_as<E>(states),
-        data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dqd), data_as<E>(out.dkd), data_as<E>(out.dv),
-        data_as<E>(out.dA), out.da.data_ptr<float>(), out_or_null(out.d_initial), static_cast<int>(p.N),
-        static_cast<int>(p.T), static_cast<int>(p.H));
-  });
-  return out;
+  return walk_backward<false>(walk_shape(qd, kd, v, A, a), qd, kd, v, torch::Tensor(), A, a, states, d_out, d_final,
+                              want_d_initial);
+}
+
+VectorWalkForward vector_delta_walk_forward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
+                                            const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a,
+                                            const torch::Tensor& h0, int64_t T) {
+  return walk_forward<true>(delta_walk_shape(qd, kd, w, u, A, a, T), qd, kd, u, w, A, a, h0);
+}
+
+VectorWalkGrads vector_delta_walk_backward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
+                                           const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a,
+                                           const torch::Tensor& states, const torch::Tensor& d_out,
+                                           const torch::Tensor& d_final, bool want_d_initial) {
+  TORCH_CHECK(d_out.dim() == 4, "fused vector-decay delta walk: d_out must be [B,T,H,64]; got ", d_out.sizes());
+  return walk_backward<true>(delta_walk_shape(qd, kd, w, u, A, a, d_out.size(1)), qd, kd, u, w, A, a, states, d_out,
+                             d_final, want_d_initial);
 }
 
 }  // namespace linearize::ops::cuda_kernels

@@ -174,10 +174,25 @@ VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tens
 // Its backward given d_out [B,T,H,64] (v's dtype) and d_final fp32 or undefined: dqd, dkd, dA (zeros above
 // the diagonal), dv [B,T,H,64] (all 16-bit), da (fp32) and, when asked, dLoss/dh0.
 struct VectorWalkGrads {
-  torch::Tensor dqd, dkd, dv, dA, da, d_initial;
+  torch::Tensor dqd, dkd, dv, dw, dA, da, d_initial;  // dw: the delta rule's walk only
 };
 VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v,
                                      const torch::Tensor& A, const torch::Tensor& a, const torch::Tensor& states,
                                      const torch::Tensor& d_out, const torch::Tensor& d_final, bool want_d_initial);
+
+// The same walk for the delta rule with a decay per key channel (Kimi Delta Attention; ops/delta_rule_ops/
+// fused_vector_chunk.cpp): the values are the corrected writes V' = U - W S of each chunk, so
+//   o = qd S + A V',   S' = Diag(a) S + kd^T V'.
+// qd, kd as above (qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k), A the scaled q-k scores; w, u [B,H,N*64,64]
+// (the UT transform's W = (I + L)^{-1} diag(beta) (e^G ⊙ k) and U = (I + L)^{-1} diag(beta) v, zero past
+// T), all one 16-bit dtype; T the sequence length. Returns o [B,T,H,64], the final state and the states.
+VectorWalkForward vector_delta_walk_forward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
+                                            const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a,
+                                            const torch::Tensor& h0, int64_t T);
+// Its backward: dqd, dkd, dA, da, d_initial as above, and dv = dU, dw = dW [B,H,N*64,64].
+VectorWalkGrads vector_delta_walk_backward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
+                                           const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a,
+                                           const torch::Tensor& states, const torch::Tensor& d_out,
+                                           const torch::Tensor& d_final, bool want_d_initial);
 
 }  // namespace linearize::ops::cuda_kernels

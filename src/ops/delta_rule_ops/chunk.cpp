@@ -9,8 +9,8 @@
 //   O  = scale (Q ⊙ e^G) S^(n) + Aqk V'
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V'
 // The solve is detail::solve_unit_lower (linalg_solve_triangular, or on CUDA the chunk's inverse from a
-// kernel applied as one batched product). On CUDA with head size 64 and no or a scalar decay the whole
-// form runs as fused kernels instead (detail::fused_delta_rule_chunk).
+// kernel applied as one batched product). On CUDA with head size 64 the form runs as fused kernels
+// instead (detail::fused_delta_rule_chunk, detail::fused_vector_delta_rule_chunk).
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; g undefined / [H] / [B,T,H] / [B,T,H,K]; inside,
 // [B,H,N,C,D]. T is zero-padded to a multiple of C (q, k, v, g and beta zero: padded steps are
@@ -31,8 +31,9 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
     throw Error("delta_rule_chunk: expected beta [B,T,H] = [" + std::to_string(B) + ", " +
                 std::to_string(T) + ", " + std::to_string(H) + "]");
   const auto kind = detail::gate_kind(g, B, T, H, K, "delta_rule_chunk");
-  // Head size 64 on CUDA in bf16/fp16 (or under autocast), no or a scalar decay: the same math as fused
-  // kernels (delta_rule_ops/fused_chunk.cpp).
+  // Head size 64 on CUDA in bf16/fp16 (or under autocast): the same math as fused kernels (no or a scalar
+  // decay: delta_rule_ops/fused_chunk.cpp; a decay per key channel: delta_rule_ops/fused_vector_chunk.cpp).
+  if (auto fused = detail::fused_vector_delta_rule_chunk(q, k, v, beta, g, kind, h0, scale, chunk)) return *fused;
   if (const auto fused_dt = detail::fused_delta_rule_dtype(q, k, v, kind, chunk))
     return detail::fused_delta_rule_chunk(q, k, v, beta, g, kind, h0, scale, *fused_dt);
   const auto dt = detail::compute_dtype(v), op_dt = detail::operand_dtype(v);

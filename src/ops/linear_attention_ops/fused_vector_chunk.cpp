@@ -8,6 +8,8 @@
 // Two autograd functions for the kernels; the scores' backward takes the walk's dqd, dkd and da back to
 // q, k and g.
 #include <cstdint>
+#include <stdexcept>
+#include <vector>
 
 #include "ops/common.h"
 #include "ops/ops.h"
@@ -78,6 +80,16 @@ struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction>
 }  // namespace
 #endif
 
+std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
+                                               double scale) {
+#ifdef LINEARIZE_WITH_CUDA
+  return VectorScoresFunction::apply(q, k, g, scale);
+#else
+  (void)q, (void)k, (void)g, (void)scale;
+  throw std::logic_error("fused_vector_scores: not compiled in (CPU build)");
+#endif
+}
+
 std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
@@ -87,7 +99,7 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   if (!dt || !cuda_kernels::vector_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
   if (q.size(0) * q.size(2) > 65535) return std::nullopt;  // the scores kernels' grid rows
   auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
-  auto parts = VectorScoresFunction::apply(operand(q, *dt), operand(k, *dt), operand(g, torch::kFloat), scale);
+  auto parts = fused_vector_scores(operand(q, *dt), operand(k, *dt), operand(g, torch::kFloat), scale);
   auto out = VectorWalkFunction::apply(parts[1], parts[2], operand(v, *dt), parts[0], parts[3],
                                        kernel_state(h0, q.options()));  // parts: A, qd, kd, a
   auto o = out[0].to(v.scalar_type());

@@ -1,0 +1,91 @@
+// Family B with a decay per key channel (Kimi Delta Attention) through fused CUDA kernels, head size 64
+// (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp with its two
+// chunk-parallel score blocks and its walk as kernels, the solve between them as libtorch ops:
+//   Aqk, qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k, a = e^{Gl}   GLA's scores kernel, q against k
+//   Akk, e^G ⊙ k                                               the same kernel, k against k (scale 1)
+//   [W U] = (I + L)^{-1} diag(beta) [e^G ⊙ k, v],  L = strictly lower diag(beta) Akk
+//                                                             (detail::solve_unit_lower: inverse kernel)
+//   o, S_T = the walk from qd, kd, W, U, Aqk and a             (chunk_vector_decay.cu, the delta rule)
+// Autograd joins the parts: the walk's dW and dU go back through the solve to Akk, beta, e^G ⊙ k and v,
+// and both scores kernels' backwards take their share back to q, k and g.
+#include <cstdint>
+#include <stdexcept>
+
+#include "ops/common.h"
+#include "ops/ops.h"
+
+#ifdef LINEARIZE_WITH_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace linearize::ops::detail {
+
+#ifdef LINEARIZE_WITH_CUDA
+namespace {
+
+using cuda_kernels::present;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// qd, kd, w, u [B,H,N*64,64] and A [B,H,N,64,64] (one 16-bit dtype), a [B,H,N,64] fp32, h0 fp32 or empty,
+// T the sequence length -> o [B,T,H,64], the final state.
+struct VectorDeltaWalkFunction : public torch::autograd::Function<VectorDeltaWalkFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& qd, const torch::Tensor& kd,
+                               const torch::Tensor& w, const torch::Tensor& u, const torch::Tensor& A,
+                               const torch::Tensor& a, const torch::Tensor& h0, int64_t T) {
+    auto r = cuda_kernels::vector_delta_walk_forward(qd, kd, w, u, A, a, present(h0), T);
+    ctx->save_for_backward({qd, kd, w, u, A, a, h0});
+    ctx->saved_data["states"] = r.states;
+    ctx->saved_data["T"] = T;
+    return {r.o, r.final_state};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &qd = saved[0], &kd = saved[1], &w = saved[2], &u = saved[3], &A = saved[4], &a = saved[5];
+    const auto h0 = present(saved[6]);
+    const int64_t B = w.size(0), H = w.size(1), T = ctx->saved_data["T"].toInt();
+    auto d_out = grads[0].defined() ? aligned_rows(grads[0].to(qd.scalar_type()))
+                                    : torch::zeros({B, T, H, w.size(3)}, qd.options());
+    auto d_final = grads[1].defined() ? aligned_rows(grads[1].to(torch::kFloat)) : torch::Tensor();
+    auto r = cuda_kernels::vector_delta_walk_backward(qd, kd, w, u, A, a, ctx->saved_data["states"].toTensor(), d_out,
+                                                      d_final, h0.defined());
+    return {r.dqd, r.dkd, r.dw, r.dv, r.dA, r.da, h0.defined() ? r.d_initial : torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+#endif
+
+std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k,
+                                                      const torch::Tensor& v, const torch::Tensor& beta,
+                                                      const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
+                                                      double scale, int64_t chunk) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (kind != GateKind::Vector) return std::nullopt;
+  const auto dt = fused_chunk_dtype(q, k, v, chunk);
+  if (!dt || !cuda_kernels::vector_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
+  if (q.size(0) * q.size(2) > 65535) return std::nullopt;  // the scores kernels' grid rows
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), N = (T + 63) / 64, Tp = N * 64;
+  auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
+  auto qh = operand(q, *dt), kh = operand(k, *dt), gf = operand(g, torch::kFloat);
+  auto qs = fused_vector_scores(qh, kh, gf, scale);  // Aqk, qd, kd, a
+  auto ks = fused_vector_scores(kh, kh, gf, 1.0);    // Akk, e^G ⊙ k (its kd and a repeat the first call's)
+
+  // The solve in fp32 (its product in autocast's dtype under autocast, as the libtorch form runs it).
+  auto bt = pad_dim(beta.to(torch::kFloat).transpose(1, 2), 2, Tp, 0.0).reshape({B, H, N, 64, 1});
+  auto L = ks[0].to(torch::kFloat) * bt;  // only the part below the diagonal is read
+  auto Kg = ks[1].reshape({B, H, N, 64, 64}).to(torch::kFloat) * bt;
+  auto Vb = pad_dim(to_heads_first(v, torch::kFloat), 2, Tp, 0.0).reshape({B, H, N, 64, 64}) * bt;
+  auto WU = solve_unit_lower(L, torch::cat({Kg, Vb}, -1));  // [B,H,N,64,128]
+  auto rows = [&](const torch::Tensor& x) { return aligned_rows(x.to(*dt).reshape({B, H, Tp, 64})); };
+  auto out = VectorDeltaWalkFunction::apply(qs[1], qs[2], rows(WU.narrow(-1, 0, 64)), rows(WU.narrow(-1, 64, 64)),
+                                            qs[0], qs[3], kernel_state(h0, q.options()), T);
+  return OpResult{out[0].to(v.scalar_type()), out[1]};
+#else
+  (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
+  return std::nullopt;
+#endif
+}
+
+}  // namespace linearize::ops::detail
