@@ -130,11 +130,23 @@ UtForward ut_transform_forward(const torch::Tensor& k, const torch::Tensor& v, c
                                const torch::Tensor& g);
 // Its backward given dw, du [B,H,N*64,64] (k's dtype): dk, dv (k's dtype), dbeta and, with g, dg [B,H,T] fp32.
 struct UtGrads {
-  torch::Tensor dk, dv, dbeta, dg;
+  torch::Tensor dk, dv, dbeta, dg, d_scores;  // d_scores: given the scores only
 };
 UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
                               const torch::Tensor& g, const torch::Tensor& inverse, const torch::Tensor& dw,
                               const torch::Tensor& du);
+
+// The same transform given the decayed scores (a decay per key channel: Kimi Delta Attention), from
+// vector_scores_forward of k against k: scores [B,H,N,64,64] with scores[i,j] = Σ_d k_id k_jd
+// exp(G_id - G_jd) (only the part below the diagonal is read) and k = e^G ⊙ k [B,H,N*64,64] (its qd), both
+// in v's dtype; v [B,T,H,64]; beta [B,H,T] fp32. W = (I + L)^{-1} diag(beta) k, U = (I + L)^{-1}
+// diag(beta) v with L = diag(beta) scores, strictly lower. Returns w, u and the inverses as above.
+UtForward ut_transform_given_forward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
+                                     const torch::Tensor& beta);
+// Its backward: d_scores [B,H,N,64,64] (zeros on and above the diagonal), dk [B,H,N*64,64], dv, dbeta.
+UtGrads ut_transform_given_backward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
+                                    const torch::Tensor& beta, const torch::Tensor& inverse, const torch::Tensor& dw,
+                                    const torch::Tensor& du);
 
 // Family A with a decay per key channel (GLA), head size 64, chunks of 64, in two fused parts that the
 // caller joins (ops/linear_attention_ops/fused_vector_chunk.cpp). The caller's rows are [B,T,H,64]

@@ -12,6 +12,13 @@
 //   dg = the reverse cumulative sum of dG within the chunk.
 // The forward keeps T (fp32) for the backward. G is the chunk-local cumulative log decay (zero
 // without a gate); rows past T are zeros.
+//
+// With a decay per key channel (Kimi Delta Attention: Given = true) the decayed scores come from
+// vector_decay_scores.cu instead, A[i,j] = Σ_d k_id k_jd exp(G_id - G_jd), and so do the rows e^G ⊙ k
+// (called k below, with no gate of its own: G = 0 here). Then
+//   L = strictly lower diag(beta) A,  Kg = diag(beta) k,  W = T Kg,  U = T Vb
+// and the backward gives dA = diag(beta) dL (strictly lower), dk = beta dKg, dv = beta dVb and
+// dbeta = rowsum(dL ⊙ A) + k·dKg + v·dVb.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -54,8 +61,9 @@ struct UtShape {
   int B, T, H, N;
 };
 
-// Where one block's data lie: rows of k, v (and dk, dv) in [B, T, H, 64]; rows of w, u in
-// [B*H, N*64, 64]; beta, g, dbeta, dg in [B*H, T]; T in [B*H, N, 64, 64].
+// Where one block's data lie: rows of k, v (and dk, dv) in [B, T, H, 64]; rows of w, u (and, given
+// the scores, of k and dk) in [B*H, N*64, 64]; beta, g, dbeta, dg in [B*H, T]; T (and the given scores)
+// in [B*H, N, 64, 64].
 struct ChunkAt {
   int n, bh, t0;
   size_t head, row, chunked, steps, inverse;
@@ -93,6 +101,18 @@ __device__ void scaled_rows(E* Kb, E* Kg, E* Vb, const E* k, const E* v, const f
     *reinterpret_cast<uint4*>(Kb + r * ld + c) = pack8<E>(a);
     *reinterpret_cast<uint4*>(Kg + r * ld + c) = pack8<E>(b);
     *reinterpret_cast<uint4*>(Vb + r * ld + c) = pack8<E>(d);
+  }
+}
+
+// L = strictly lower part of diag(beta) A, fp32 [C, ld32], from the given scores A [C, C] (16-bit, global).
+template <typename E>
+__device__ void given_scores(float* L, const E* __restrict__ A, const float* beta) {
+  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
+    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
+    float x[8];
+    unpack8<E>(reinterpret_cast<const uint4*>(A)[i], x);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) L[r * Sizes::ld32 + c + j] = c + j < r ? beta[r] * x[j] : 0.f;
   }
 }
 
@@ -164,11 +184,12 @@ __device__ void unit_lower_inverse_blocks(float* T, const float* L) {
   }
 }
 
-template <typename E>
+// Given: k is e^G ⊙ k heads first, `scores` the decayed scores and g unused; otherwise scores is unused.
+template <typename E, bool Given>
 __global__ void __launch_bounds__(kThreads, 3)
     ut_forward_kernel(const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ beta,
-                      const float* __restrict__ g, E* __restrict__ w, E* __restrict__ u, float* __restrict__ inverse,
-                      UtShape p) {
+                      const float* __restrict__ g, const E* __restrict__ scores, E* __restrict__ w, E* __restrict__ u,
+                      float* __restrict__ inverse, UtShape p) {
   using S = ForwardSmem;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kb = view<E>(smem, S::kb), *Kg = view<E>(smem, S::kg);
@@ -176,17 +197,23 @@ __global__ void __launch_bounds__(kThreads, 3)
   float *L = view<float>(smem, S::L), *T = view<float>(smem, S::T), *stage0 = view<float>(smem, S::stage0);
   float *stage1 = view<float>(smem, S::stage1), *G = view<float>(smem, S::gate), *sb = view<float>(smem, S::beta);
   const ChunkAt at(p);
+  const int Tp = p.N * kC;
   {
     RowPrefetch<kD, E> rk, rv;
-    rk.fetch(k + at.head, at.row, at.t0, p.T), rv.fetch(v + at.head, at.row, at.t0, p.T);
+    if constexpr (Given) rk.fetch(k + at.chunked, kD, at.t0, Tp);
+    else rk.fetch(k + at.head, at.row, at.t0, p.T);
+    rv.fetch(v + at.head, at.row, at.t0, p.T);
     rk.put(sk, S::ld), rv.put(sv, S::ld);
   }
-  load_beta_and_gates(sb, G, beta, g, at, p.T);
+  load_beta_and_gates(sb, G, beta, Given ? nullptr : g, at, p.T);
   __syncthreads();
   scaled_rows(Kb, Kg, Vb, sk, sv, sb, G + kC, S::ld);
+  if constexpr (Given) given_scores(L, scores + at.inverse, sb);
   __syncthreads();
-  decayed_scores(L, Kb, sk, G);
-  __syncthreads();
+  if constexpr (!Given) {
+    decayed_scores(L, Kb, sk, G);
+    __syncthreads();
+  }
   unit_lower_inverse_blocks(T, L);  // ends on a barrier
   copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T
   store_state<kC, kC>(inverse + at.inverse, T, S::ld32);
@@ -197,7 +224,6 @@ __global__ void __launch_bounds__(kThreads, 3)
       [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, T16, S::ld, Kg, S::ld, R, Cc, 0, R + 1); },
       [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, T16, S::ld, Vb, S::ld, R, Cc, 0, R + 1); });
   __syncthreads();
-  const int Tp = p.N * kC;
   store_rows<kD>(w + at.chunked, kD, at.t0, Tp, stage0, S::ld32);
   store_rows<kD>(u + at.chunked, kD, at.t0, Tp, stage1, S::ld32);
 }
@@ -238,12 +264,13 @@ __device__ __forceinline__ void product_tile_3xtf32(Acc8& acc, const float* X, c
   }
 }
 
-template <typename E>
+// Given: as in the forward, and d_scores receives dA; otherwise scores and d_scores are unused.
+template <typename E, bool Given>
 __global__ void __launch_bounds__(kThreads, 2)
     ut_backward_kernel(const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ beta,
-                       const float* __restrict__ g, const float* __restrict__ inverse, const E* __restrict__ dw,
-                       const E* __restrict__ du, E* __restrict__ dk, E* __restrict__ dv, float* __restrict__ dbeta,
-                       float* __restrict__ dg, UtShape p) {
+                       const float* __restrict__ g, const E* __restrict__ scores, const float* __restrict__ inverse,
+                       const E* __restrict__ dw, const E* __restrict__ du, E* __restrict__ dk, E* __restrict__ dv,
+                       E* __restrict__ d_scores, float* __restrict__ dbeta, float* __restrict__ dg, UtShape p) {
   using S = BackwardSmem;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kb = view<E>(smem, S::kb), *Kg = view<E>(smem, S::kg);
@@ -256,11 +283,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int Tp = p.N * kC;
   {
     RowPrefetch<kD, E> rk, rv, rw, ru;
-    rk.fetch(k + at.head, at.row, at.t0, p.T), rv.fetch(v + at.head, at.row, at.t0, p.T);
+    if constexpr (Given) rk.fetch(k + at.chunked, kD, at.t0, Tp);
+    else rk.fetch(k + at.head, at.row, at.t0, p.T);
+    rv.fetch(v + at.head, at.row, at.t0, p.T);
     rw.fetch(dw + at.chunked, kD, at.t0, Tp), ru.fetch(du + at.chunked, kD, at.t0, Tp);
     rk.put(sk, S::ld), rv.put(sv, S::ld), rw.put(sdw, S::ld), ru.put(sdu, S::ld);
   }
-  load_beta_and_gates(sb, G, beta, g, at, p.T);
+  load_beta_and_gates(sb, G, beta, Given ? nullptr : g, at, p.T);
   const float* Tg = inverse + at.inverse;
   for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
     const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
@@ -290,51 +319,82 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
   });
   __syncthreads();
-  // R = dL ⊙ exp(G_i - G_j) in fp32 into A in place and in 16-bit where v was (v is read again at the end);
-  // zeros on and above the diagonal.
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int i = e / kC, j = e % kC;
-    const float r = j < i ? A[i * S::ld32 + j] * __expf(G[i] - G[j]) : 0.f;
-    R16[i * S::ldc + j] = from_float<E>(r);
-    A[i * S::ld32 + j] = r;
-  }
-  __syncthreads();
-  // dL ⊙ L = R ⊙ (Kb k^T) into A, tile by tile: the scores' fragment and A's, loaded as the same
-  // accumulator type, hold the same elements.
-  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
-    int R, Cc;
-    lower_tile(t, R, Cc);
-    Acc scores, r;
-    wmma::fill_fragment(scores, 0.f);
-    product_tile<false, true>(scores, Kb, S::ld, sk, S::ld, R, Cc, 0, kD / 16);
-    float* at_tile = A + R * 16 * S::ld32 + Cc * 16;
-    wmma::load_matrix_sync(r, at_tile, S::ld32, wmma::mem_row_major);
+  if constexpr (Given) {
+    // dA = diag(beta) dL, zeros on and above the diagonal (16-bit, global); dbeta = rowsum(dL ⊙ A) so far
+    // (four threads a row); then dKg = T^T dW into Bm.
+    {
+      const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * (kC / 4);
+      const E* a_row = scores + at.inverse + r * kC;
+      E* d_row = d_scores + at.inverse + r * kC;
+      float part = 0.f;
 #pragma unroll
-    for (int i = 0; i < r.num_elements; ++i) r.x[i] *= scores.x[i];
-    wmma::store_matrix_sync(at_tile, r, S::ld32, wmma::mem_row_major);
-  }
-  __syncthreads();
-  // dG from dL ⊙ L: its row sums minus its column sums; threads 0..63 rows, 64..127 columns.
-  if (threadIdx.x < 2 * kC) {
-    const int r = threadIdx.x % kC;
-    float s = 0.f;
-    if (threadIdx.x < kC) {
-      for (int j = 0; j < kC; ++j) s += A[r * S::ld32 + j];
-      sdG[r] = s;
-    } else {
-      for (int i = 0; i < kC; ++i) s += A[i * S::ld32 + r];
-      sdbeta[r] = s;  // the column sums, for a moment
+      for (int c = c0; c < c0 + kC / 4; c += 8) {
+        float a[8], d[8];
+        unpack8<E>(*reinterpret_cast<const uint4*>(a_row + c), a);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          d[j] = c + j < r ? A[r * S::ld32 + c + j] : 0.f;
+          part += d[j] * a[j];
+          d[j] *= sb[r];
+        }
+        *reinterpret_cast<uint4*>(d_row + c) = pack8<E>(d);
+      }
+      part += __shfl_xor_sync(0xffffffffu, part, 1);
+      part += __shfl_xor_sync(0xffffffffu, part, 2);
+      if (threadIdx.x % 4 == 0) sdbeta[r] = part;
     }
+    tiles_into_stage<kD>(Bm, S::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile<true, false>(acc, T16, S::ld, sdw, S::ld, R, Cc, R, kRowTiles);
+    });
+    __syncthreads();
+  } else {
+    // R = dL ⊙ exp(G_i - G_j) in fp32 into A in place and in 16-bit where v was (v is read again at the end);
+    // zeros on and above the diagonal.
+    for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
+      const int i = e / kC, j = e % kC;
+      const float r = j < i ? A[i * S::ld32 + j] * __expf(G[i] - G[j]) : 0.f;
+      R16[i * S::ldc + j] = from_float<E>(r);
+      A[i * S::ld32 + j] = r;
+    }
+    __syncthreads();
+    // dL ⊙ L = R ⊙ (Kb k^T) into A, tile by tile: the scores' fragment and A's, loaded as the same
+    // accumulator type, hold the same elements.
+    for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
+      int R, Cc;
+      lower_tile(t, R, Cc);
+      Acc scores, r;
+      wmma::fill_fragment(scores, 0.f);
+      product_tile<false, true>(scores, Kb, S::ld, sk, S::ld, R, Cc, 0, kD / 16);
+      float* at_tile = A + R * 16 * S::ld32 + Cc * 16;
+      wmma::load_matrix_sync(r, at_tile, S::ld32, wmma::mem_row_major);
+#pragma unroll
+      for (int i = 0; i < r.num_elements; ++i) r.x[i] *= scores.x[i];
+      wmma::store_matrix_sync(at_tile, r, S::ld32, wmma::mem_row_major);
+    }
+    __syncthreads();
+    // dG from dL ⊙ L: its row sums minus its column sums; threads 0..63 rows, 64..127 columns.
+    if (threadIdx.x < 2 * kC) {
+      const int r = threadIdx.x % kC;
+      float s = 0.f;
+      if (threadIdx.x < kC) {
+        for (int j = 0; j < kC; ++j) s += A[r * S::ld32 + j];
+        sdG[r] = s;
+      } else {
+        for (int i = 0; i < kC; ++i) s += A[i * S::ld32 + r];
+        sdbeta[r] = s;  // the column sums, for a moment
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kC) sdG[threadIdx.x] -= sdbeta[threadIdx.x];
+    // dKb = R k into A, dKg = T^T dW into Bm.
+    two_tiles_into_stage<kD>(
+        A, Bm, S::ld32,
+        [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, R16, S::ldc, sk, S::ld, R, Cc, 0, R + 1); },
+        [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, T16, S::ld, sdw, S::ld, R, Cc, R, kRowTiles); });
+    __syncthreads();
   }
-  __syncthreads();
-  if (threadIdx.x < kC) sdG[threadIdx.x] -= sdbeta[threadIdx.x];
-  // dKb = R k into A, dKg = T^T dW into Bm.
-  two_tiles_into_stage<kD>(
-      A, Bm, S::ld32,
-      [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, R16, S::ldc, sk, S::ld, R, Cc, 0, R + 1); },
-      [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, T16, S::ld, sdw, S::ld, R, Cc, R, kRowTiles); });
-  __syncthreads();
   // Row pass: dk so far = beta dKb + beta e^G dKg (kept in registers); dbeta = k·dKb + e^G k·dKg; dG += beta e^G k·dKg.
+  // Given: dk so far = beta dKg, dbeta += k·dKg (A holds no dKb, G = 0).
   constexpr int kItems = kC * kD / 8 / kThreads;  // 16-byte groups per thread
   float dk_acc[kItems][8];
 #pragma unroll
@@ -342,32 +402,45 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int i = threadIdx.x + it * kThreads, r = i / (kD / 8), c = (i % (kD / 8)) * 8;
     float kr[8], x[8], y[8], kx = 0.f, ky = 0.f;
     unpack8<E>(*reinterpret_cast<const uint4*>(sk + r * S::ld + c), kr);
-    load8(A + r * S::ld32 + c, x);
     load8(Bm + r * S::ld32 + c, y);
+    if constexpr (Given) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      dk_acc[it][j] = sb[r] * (x[j] + eG[r] * y[j]);
-      kx += kr[j] * x[j], ky += kr[j] * y[j];
+      for (int j = 0; j < 8; ++j) dk_acc[it][j] = sb[r] * y[j], ky += kr[j] * y[j];
+      ky = row_sum(ky);
+      if (c == 0) sdbeta[r] += ky;
+    } else {
+      load8(A + r * S::ld32 + c, x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        dk_acc[it][j] = sb[r] * (x[j] + eG[r] * y[j]);
+        kx += kr[j] * x[j], ky += kr[j] * y[j];
+      }
+      kx = row_sum(kx), ky = row_sum(ky);
+      if (c == 0) sdbeta[r] = kx + eG[r] * ky, sdG[r] += sb[r] * eG[r] * ky;
     }
-    kx = row_sum(kx), ky = row_sum(ky);
-    if (c == 0) sdbeta[r] = kx + eG[r] * ky, sdG[r] += sb[r] * eG[r] * ky;
   }
   __syncthreads();
-  // R^T Kb into A, dVb = T^T dU into Bm.
-  two_tiles_into_stage<kD>(
-      A, Bm, S::ld32,
-      [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, R16, S::ldc, Kb, S::ld, R, Cc, R, kRowTiles); },
-      [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, T16, S::ld, sdu, S::ld, R, Cc, R, kRowTiles); });
+  // R^T Kb into A (not given the scores), dVb = T^T dU into Bm.
+  if constexpr (Given) {
+    tiles_into_stage<kD>(Bm, S::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile<true, false>(acc, T16, S::ld, sdu, S::ld, R, Cc, R, kRowTiles);
+    });
+  } else {
+    two_tiles_into_stage<kD>(
+        A, Bm, S::ld32,
+        [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, R16, S::ldc, Kb, S::ld, R, Cc, R, kRowTiles); },
+        [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, T16, S::ld, sdu, S::ld, R, Cc, R, kRowTiles); });
+  }
   __syncthreads();
-  // dk = dk so far + R^T Kb; dv = beta dVb; dbeta += v·dVb.
+  // dk = dk so far + R^T Kb (given the scores: heads first, every row); dv = beta dVb; dbeta += v·dVb.
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
     const int i = threadIdx.x + it * kThreads, r = i / (kD / 8), c = (i % (kD / 8)) * 8;
     const bool live = at.t0 + r < p.T;
     const size_t off = at.head + static_cast<size_t>(at.t0 + r) * at.row + c;
-    float vr[8] = {}, x[8], y[8], vy = 0.f;
+    float vr[8] = {}, x[8] = {}, y[8], vy = 0.f;
     if (live) unpack8<E>(*reinterpret_cast<const uint4*>(v + off), vr);
-    load8(A + r * S::ld32 + c, x);
+    if constexpr (!Given) load8(A + r * S::ld32 + c, x);
     load8(Bm + r * S::ld32 + c, y);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -376,10 +449,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       y[j] *= sb[r];
     }
     vy = row_sum(vy);
-    if (live) {
-      *reinterpret_cast<uint4*>(dk + off) = pack8<E>(x);
-      *reinterpret_cast<uint4*>(dv + off) = pack8<E>(y);
-    }
+    if constexpr (Given) *reinterpret_cast<uint4*>(dk + at.chunked + static_cast<size_t>(at.t0 + r) * kD + c) = pack8<E>(x);
+    else if (live) *reinterpret_cast<uint4*>(dk + off) = pack8<E>(x);
+    if (live) *reinterpret_cast<uint4*>(dv + off) = pack8<E>(y);
     if (c == 0) sdbeta[r] += vy;
   }
   __syncthreads();
@@ -415,54 +487,93 @@ UtShape ut_shape(const torch::Tensor& k, const torch::Tensor& v, const torch::Te
   return UtShape{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<int>((T + kC - 1) / kC)};
 }
 
+// Given the scores: scores [B,H,N,64,64] and k [B,H,N*64,64] in v's dtype, contiguous.
+UtShape ut_shape_given(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
+                       const torch::Tensor& beta) {
+  TORCH_CHECK(v.dim() == 4, "fused UT transform: expects v [B,T,H,64]; got ", v.sizes());
+  const UtShape p = ut_shape(v, v, beta);
+  TORCH_CHECK(scores.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && scores.scalar_type() == v.scalar_type() &&
+                  scores.is_contiguous(),
+              "fused UT transform: the scores must be [B,H,N,64,64] in v's dtype, contiguous; got ", scores.sizes(), " ",
+              scores.scalar_type());
+  TORCH_CHECK(k.sizes() == torch::IntArrayRef({p.B, p.H, p.N * kC, kD}) && k.scalar_type() == v.scalar_type() &&
+                  k.is_contiguous(),
+              "fused UT transform: the rows e^G ⊙ k must be [B,H,N*64,64] in v's dtype, contiguous; got ", k.sizes(),
+              " ", k.scalar_type());
+  return p;
+}
+
+template <bool Given>
+UtForward ut_forward(const UtShape& p, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
+                     const torch::Tensor& g, const torch::Tensor& scores) {
+  const c10::cuda::CUDAGuard guard(v.device());
+  UtForward out;
+  out.w = torch::empty({p.B, p.H, p.N * kC, kD}, v.options());
+  out.u = torch::empty_like(out.w);
+  out.inverse = torch::empty({p.B, p.H, p.N, kC, kC}, v.options().dtype(torch::kFloat));
+  if (p.N == 0 || p.B * p.H == 0) return out;
+  dispatch_16bit(v.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
+    launch(ut_forward_kernel<E, Given>, grid, kThreads, ForwardSmem::bytes, data_as<E>(k), data_as<E>(v),
+           beta.data_ptr<float>(), ptr_or_null(g), Given ? data_as<E>(scores) : nullptr, data_as<E>(out.w),
+           data_as<E>(out.u), out.inverse.data_ptr<float>(), p);
+  });
+  return out;
+}
+
+template <bool Given>
+UtGrads ut_backward(const UtShape& p, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
+                    const torch::Tensor& g, const torch::Tensor& scores, const torch::Tensor& inverse,
+                    const torch::Tensor& dw, const torch::Tensor& du) {
+  TORCH_CHECK(dw.sizes() == torch::IntArrayRef({p.B, p.H, p.N * kC, kD}) && du.sizes() == dw.sizes() &&
+                  dw.scalar_type() == v.scalar_type() && du.scalar_type() == v.scalar_type() && dw.is_contiguous() &&
+                  du.is_contiguous(),
+              "fused UT transform: dW, dU must be [B,H,N*64,64] in v's dtype, contiguous; got ", dw.sizes(), " ",
+              du.sizes());
+  TORCH_CHECK(inverse.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && inverse.scalar_type() == torch::kFloat,
+              "fused UT transform: the stored inverses must be [B,H,N,64,64] fp32; got ", inverse.sizes());
+  const c10::cuda::CUDAGuard guard(v.device());
+  UtGrads out;
+  out.dk = torch::empty_like(k);
+  out.dv = torch::empty_like(v);
+  out.dbeta = torch::empty_like(beta);
+  if (g.defined() && !Given) out.dg = torch::empty_like(beta);
+  if (Given) out.d_scores = torch::empty_like(scores);
+  if (p.N == 0 || p.B * p.H == 0) return out;
+  dispatch_16bit(v.scalar_type(), [&](auto elem) {
+    using E = decltype(elem);
+    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
+    launch(ut_backward_kernel<E, Given>, grid, kThreads, BackwardSmem::bytes, data_as<E>(k), data_as<E>(v),
+           beta.data_ptr<float>(), ptr_or_null(g), Given ? data_as<E>(scores) : nullptr, inverse.data_ptr<float>(),
+           data_as<E>(dw), data_as<E>(du), data_as<E>(out.dk), data_as<E>(out.dv),
+           Given ? data_as<E>(out.d_scores) : nullptr, out.dbeta.data_ptr<float>(), out_or_null(out.dg), p);
+  });
+  return out;
+}
+
 }  // namespace
 
 UtForward ut_transform_forward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
                                const torch::Tensor& g) {
-  const UtShape p = ut_shape(k, v, beta);
-  const c10::cuda::CUDAGuard guard(k.device());
-  UtForward out;
-  out.w = torch::empty({p.B, p.H, p.N * kC, kD}, k.options());
-  out.u = torch::empty_like(out.w);
-  out.inverse = torch::empty({p.B, p.H, p.N, kC, kC}, k.options().dtype(torch::kFloat));
-  if (p.N == 0) return out;
-  dispatch_16bit(k.scalar_type(), [&](auto elem) {
-    using E = decltype(elem);
-    auto kernel = ut_forward_kernel<E>;
-    constexpr size_t smem = ForwardSmem::bytes;
-    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
-    launch(kernel, grid, kThreads, smem,
-        data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(), ptr_or_null(g), data_as<E>(out.w), data_as<E>(out.u),
-        out.inverse.data_ptr<float>(), p);
-  });
-  return out;
+  return ut_forward<false>(ut_shape(k, v, beta), k, v, beta, g, torch::Tensor());
 }
 
 UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
                               const torch::Tensor& g, const torch::Tensor& inverse, const torch::Tensor& dw,
                               const torch::Tensor& du) {
-  const UtShape p = ut_shape(k, v, beta);
-  TORCH_CHECK(dw.sizes() == torch::IntArrayRef({p.B, p.H, p.N * kC, kD}) && du.sizes() == dw.sizes() &&
-                  dw.scalar_type() == k.scalar_type() && du.scalar_type() == k.scalar_type(),
-              "fused UT transform: dW, dU must be [B,H,N*64,64] in k's dtype");
-  const c10::cuda::CUDAGuard guard(k.device());
-  UtGrads out;
-  out.dk = torch::empty_like(k);
-  out.dv = torch::empty_like(v);
-  out.dbeta = torch::empty_like(beta);
-  if (g.defined()) out.dg = torch::empty_like(beta);
-  if (p.N == 0) return out;
-  dispatch_16bit(k.scalar_type(), [&](auto elem) {
-    using E = decltype(elem);
-    auto kernel = ut_backward_kernel<E>;
-    constexpr size_t smem = BackwardSmem::bytes;
-    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
-    launch(kernel, grid, kThreads, smem,
-        data_as<E>(k), data_as<E>(v), beta.data_ptr<float>(), ptr_or_null(g), inverse.data_ptr<float>(),
-        data_as<E>(dw), data_as<E>(du), data_as<E>(out.dk), data_as<E>(out.dv), out.dbeta.data_ptr<float>(),
-        out_or_null(out.dg), p);
-  });
-  return out;
+  return ut_backward<false>(ut_shape(k, v, beta), k, v, beta, g, torch::Tensor(), inverse, dw, du);
+}
+
+UtForward ut_transform_given_forward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
+                                     const torch::Tensor& beta) {
+  return ut_forward<true>(ut_shape_given(scores, k, v, beta), k, v, beta, torch::Tensor(), scores);
+}
+
+UtGrads ut_transform_given_backward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
+                                    const torch::Tensor& beta, const torch::Tensor& inverse, const torch::Tensor& dw,
+                                    const torch::Tensor& du) {
+  return ut_backward<true>(ut_shape_given(scores, k, v, beta), k, v, beta, torch::Tensor(), scores, inverse, dw, du);
 }
 
 }  // namespace linearize::ops::cuda_kernels

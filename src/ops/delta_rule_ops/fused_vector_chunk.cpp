@@ -1,13 +1,13 @@
 // Family B with a decay per key channel (Kimi Delta Attention) through fused CUDA kernels, head size 64
-// (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp with its two
-// chunk-parallel score blocks and its walk as kernels, the solve between them as libtorch ops:
+// (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp as four kernels
+// each way:
 //   Aqk, qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k, a = e^{Gl}   GLA's scores kernel, q against k
 //   Akk, e^G ⊙ k                                               the same kernel, k against k (scale 1)
 //   [W U] = (I + L)^{-1} diag(beta) [e^G ⊙ k, v],  L = strictly lower diag(beta) Akk
-//                                                             (detail::solve_unit_lower: inverse kernel)
+//                                                             (ut_transform.cu, given the scores)
 //   o, S_T = the walk from qd, kd, W, U, Aqk and a             (chunk_vector_decay.cu, the delta rule)
-// Autograd joins the parts: the walk's dW and dU go back through the solve to Akk, beta, e^G ⊙ k and v,
-// and both scores kernels' backwards take their share back to q, k and g.
+// Autograd joins the parts: the walk's dW and dU go back through the transform to Akk, beta, e^G ⊙ k
+// and v, and both scores kernels' backwards take their share back to q, k and g.
 #include <cstdint>
 #include <stdexcept>
 
@@ -54,6 +54,29 @@ struct VectorDeltaWalkFunction : public torch::autograd::Function<VectorDeltaWal
   }
 };
 
+// Akk [B,H,N,64,64] and ek = e^G ⊙ k [B,H,N*64,64] from the scores kernel, v [B,T,H,64] (one 16-bit dtype),
+// beta [B,H,T] fp32 -> W, U [B,H,N*64,64].
+struct UtGivenFunction : public torch::autograd::Function<UtGivenFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& Akk, const torch::Tensor& ek,
+                               const torch::Tensor& v, const torch::Tensor& beta) {
+    auto r = cuda_kernels::ut_transform_given_forward(Akk, ek, v, beta);
+    ctx->save_for_backward({Akk, ek, v, beta});
+    ctx->saved_data["inverse"] = r.inverse;
+    return {r.w, r.u};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &Akk = saved[0], &ek = saved[1], &v = saved[2], &beta = saved[3];
+    auto as_grad = [&](const torch::Tensor& d) {  // [B,H,N*64,64] in ek's dtype
+      return d.defined() ? aligned_rows(d.to(ek.scalar_type())) : torch::zeros_like(ek);
+    };
+    auto r = cuda_kernels::ut_transform_given_backward(Akk, ek, v, beta, ctx->saved_data["inverse"].toTensor(),
+                                                       as_grad(grads[0]), as_grad(grads[1]));
+    return {r.d_scores, r.dk, r.dv, r.dbeta};
+  }
+};
+
 }  // namespace
 #endif
 
@@ -66,21 +89,14 @@ std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, co
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::vector_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
   if (q.size(0) * q.size(2) > 65535) return std::nullopt;  // the scores kernels' grid rows
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), N = (T + 63) / 64, Tp = N * 64;
+  const int64_t T = q.size(1);
   auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
   auto qh = operand(q, *dt), kh = operand(k, *dt), gf = operand(g, torch::kFloat);
   auto qs = fused_vector_scores(qh, kh, gf, scale);  // Aqk, qd, kd, a
   auto ks = fused_vector_scores(kh, kh, gf, 1.0);    // Akk, e^G ⊙ k (its kd and a repeat the first call's)
-
-  // The solve in fp32 (its product in autocast's dtype under autocast, as the libtorch form runs it).
-  auto bt = pad_dim(beta.to(torch::kFloat).transpose(1, 2), 2, Tp, 0.0).reshape({B, H, N, 64, 1});
-  auto L = ks[0].to(torch::kFloat) * bt;  // only the part below the diagonal is read
-  auto Kg = ks[1].reshape({B, H, N, 64, 64}).to(torch::kFloat) * bt;
-  auto Vb = pad_dim(to_heads_first(v, torch::kFloat), 2, Tp, 0.0).reshape({B, H, N, 64, 64}) * bt;
-  auto WU = solve_unit_lower(L, torch::cat({Kg, Vb}, -1));  // [B,H,N,64,128]
-  auto rows = [&](const torch::Tensor& x) { return aligned_rows(x.to(*dt).reshape({B, H, Tp, 64})); };
-  auto out = VectorDeltaWalkFunction::apply(qs[1], qs[2], rows(WU.narrow(-1, 0, 64)), rows(WU.narrow(-1, 64, 64)),
-                                            qs[0], qs[3], kernel_state(h0, q.options()), T);
+  auto WU = UtGivenFunction::apply(ks[0], ks[1], operand(v, *dt),
+                                   beta.to(torch::kFloat).transpose(1, 2).contiguous());  // beta [B,H,T]
+  auto out = VectorDeltaWalkFunction::apply(qs[1], qs[2], WU[0], WU[1], qs[0], qs[3], kernel_state(h0, q.options()), T);
   return OpResult{out[0].to(v.scalar_type()), out[1]};
 #else
   (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
