@@ -392,6 +392,59 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
   }
 }
 
+// The mLSTM through the scalar-decay kernels (numerator) and an fp32 normaliser, in bf16 and fp16,
+// against the libtorch chunked form in fp32 on the same rounded inputs: h, the final state (c, n, m) and
+// the gradients of q, k, v, both gates and the initial state. Head size 64 and 128, T = 333 (a partial
+// last chunk), an initial state with its own max state. The libtorch form run in the 16-bit dtype is
+// printed alongside as the round-off to expect.
+TEST(CudaOps, FusedMlstmChunkMatchesFp32) {
+  REQUIRE_CUDA();
+  NoTf32 no_tf32;
+  const int64_t B = 2, T = 333, H = 3;
+  struct Case {
+    int64_t D;
+    torch::ScalarType dt;
+  };
+  for (const Case c : {Case{64, torch::kBFloat16}, Case{128, torch::kBFloat16}, Case{64, torch::kHalf}}) {
+    SCOPED_TRACE("D=" + std::to_string(c.D));
+    torch::manual_seed(30 + c.D);
+    auto base = random_inputs({"mlstm", Family::Mlstm, 0}, B, T, H, c.D, c.D);
+    for (auto* t : {&base.q, &base.k, &base.v}) *t = t->to(c.dt).to(torch::kFloat);  // representable inputs
+    base.ig = base.ig * 2;  // input gates that move the max state often
+    auto c0 = torch::randn({B, H, c.D, c.D}) * 0.1, n0 = torch::randn({B, H, c.D}) * 0.1, m0 = torch::randn({B, H});
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+    auto dout = torch::randn({B, T, H, c.D}, torch::kCUDA), dc = torch::randn({B, H, c.D, c.D}, torch::kCUDA);
+    auto dn = torch::randn({B, H, c.D}, torch::kCUDA);
+
+    auto run = [&](torch::ScalarType dt, bool fused) {
+      auto in = to_device(base, torch::kCUDA, true);
+      for (auto* t : {&in.q, &in.k, &in.v}) *t = t->detach().to(dt).requires_grad_(true);
+      ops::MlstmState init{c0.to(torch::kCUDA).requires_grad_(true), n0.to(torch::kCUDA).requires_grad_(true),
+                           m0.to(torch::kCUDA)};
+      ops::set_fused_kernels(fused);
+      auto r = ops::mlstm_chunk(in.q, in.k, in.v, in.ig, in.fg, init, scale);
+      ops::set_fused_kernels(true);
+      ((r.h.to(torch::kFloat) * dout).sum() + (r.state.c * dc).sum() + (r.state.n * dn).sum()).backward();
+      return std::vector<torch::Tensor>{r.h,           r.state.c,     r.state.n,      r.state.m,   in.q.grad(),
+                                        in.k.grad(),   in.v.grad(),   in.ig.grad(),   in.fg.grad(), init.c.grad(),
+                                        init.n.grad()};
+    };
+    {
+      auto in = to_device(base, torch::kCUDA, false);
+      for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
+      ASSERT_TRUE(ops::detail::fused_mlstm_chunk(in.q, in.k, in.v, in.ig, in.fg, {}, scale, 1e-6, 64).has_value())
+          << "the fused kernels should take this case";
+    }
+    auto ref = run(torch::kFloat, false), fused = run(c.dt, true), plain = run(c.dt, false);
+    const std::string line = compare_fused(ref, fused, plain,
+                                           {"h", "c", "n", "m", "dq", "dk", "dv", "dig", "dfg", "dc0", "dn0"});
+    EXPECT_EQ(fused[0].scalar_type(), c.dt);
+    EXPECT_EQ(fused[1].scalar_type(), torch::kFloat);
+    std::printf("[cuda-fused-mlstm] D=%ld %s:%s\n", static_cast<long>(c.D), c.dt == torch::kHalf ? "fp16" : "bf16",
+                line.c_str());
+  }
+}
+
 // ---- (b) the fused decode step ---------------------------------------------------------------------
 
 // One recurrent step (T = 1) with fused kernels on or off.
@@ -445,13 +498,18 @@ TEST(CudaOps, FusedDecodeStepMatchesLibtorchStep) {
 
 // ---- (c) mixers on CUDA ----------------------------------------------------------------------------
 
-// Linear attention, RetNet, GLA, DeltaNet, Gated DeltaNet and KDA layers (head size 64) trained as the trainer
-// runs them, under bf16 autocast, take the fused chunk kernels; their output and every parameter gradient must match the
-// libtorch chunked form (fused kernels off) run under the same autocast, within bf16 round-off.
+// Every mixer's layer (head size 64) trained as the trainer runs it, under bf16 autocast, takes the fused
+// chunk kernels; its output and every parameter gradient must match the same layer run in fp32 (no
+// autocast, libtorch chunked form) within 3e-2, or within 1.5 times the error of the libtorch chunked
+// form under the same autocast where that is larger. Where even that form misses a gradient by more
+// than 30%, the fp32 gradient is smaller than the 16-bit round-off of the layer (the mLSTM's input gate:
+// a shift of all its pre-activations changes nothing once the normaliser dominates, and the head norm
+// takes out the scale), and the error is measured against the largest parameter gradient instead.
 TEST(CudaMixers, FusedChunkUnderAutocastMatchesLibtorch) {
   REQUIRE_CUDA();
+  NoTf32 no_tf32;
   const int64_t B = 2, T = 150;
-  for (const std::string kind : {"linear_attention", "retnet", "gla", "deltanet", "gated_deltanet", "kda"}) {
+  for (const std::string kind : {"linear_attention", "retnet", "gla", "deltanet", "gated_deltanet", "kda", "mlstm"}) {
     SCOPED_TRACE(kind);
     torch::manual_seed(5);
     MixerConfig cfg = MixerConfig::defaults_for(kind);
@@ -462,12 +520,12 @@ TEST(CudaMixers, FusedChunkUnderAutocastMatchesLibtorch) {
     m->to(torch::kCUDA);
     auto x = torch::randn({B, T, cfg.hidden_size}, torch::kCUDA);
     auto w = torch::randn({B, T, cfg.hidden_size}, torch::kCUDA);
-    auto run = [&](bool fused) {
+    auto run = [&](bool fused, bool autocast_on) {
       ops::set_fused_kernels(fused);
       m->zero_grad();
       torch::Tensor y;
       {
-        compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+        compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, autocast_on);
         y = m->forward(x, nullptr);
       }
       (y.to(torch::kFloat) * w).sum().backward();
@@ -477,17 +535,34 @@ TEST(CudaMixers, FusedChunkUnderAutocastMatchesLibtorch) {
         if (p.grad().defined()) out.push_back(p.grad().clone());
       return out;
     };
-    auto fused = run(true), plain = run(false);
-    ASSERT_EQ(fused.size(), plain.size());
+    auto ref = run(false, false), fused = run(true, true), plain = run(false, true);
+    ASSERT_EQ(fused.size(), ref.size());
+    ASSERT_EQ(plain.size(), ref.size());
     ASSERT_GT(fused.size(), 2u) << "parameters should receive gradients";
-    double e_y = rel_err(fused[0], plain[0]), e_grad = 0;
-    for (size_t i = 1; i < fused.size(); ++i) e_grad = std::max(e_grad, rel_err(fused[i], plain[i]));
+    double largest = 0;
+    for (size_t i = 1; i < ref.size(); ++i) largest = std::max(largest, ref[i].norm().item<double>());
+    double e_y = rel_err(fused[0], ref[0]), e_grad = 0, e_plain = 0;
+    int round_off_bound = 0;
+    for (size_t i = 1; i < fused.size(); ++i) {
+      const double e = rel_err(fused[i], ref[i]), e_p = rel_err(plain[i], ref[i]);
+      if (e_p > 0.3) {
+        const double e_abs = (fused[i] - ref[i]).norm().item<double>() / largest;
+        EXPECT_LE(e_abs, 3e-2) << "parameter gradient " << i << " against the largest gradient";
+        std::printf("[cuda-mixer-fused] %s parameter %zu: libtorch bf16 misses by %.1e, fused by %.1e; against the "
+                    "largest gradient %.1e\n", kind.c_str(), i, e_p, e, e_abs);
+        ++round_off_bound;
+        continue;
+      }
+      EXPECT_LE(e, std::max(3e-2, 1.5 * e_p)) << "parameter gradient " << i;
+      e_grad = std::max(e_grad, e), e_plain = std::max(e_plain, e_p);
+    }
+    EXPECT_LE(round_off_bound, 2) << "most gradients should be well above round-off";
     EXPECT_LE(e_y, 3e-2);
-    EXPECT_LE(e_grad, 3e-2);
     // Two different computations: bit-identical outputs would mean the kernels were not taken.
-    EXPECT_GT(e_y, 0.0) << "the fused kernels did not run";
-    std::printf("[cuda-mixer-fused] %-18s output %.1e  worst parameter grad %.1e (%zu tensors)\n", kind.c_str(), e_y,
-                e_grad, fused.size() - 1);
+    EXPECT_GT(rel_err(fused[0], plain[0]), 0.0) << "the fused kernels did not run";
+    std::printf("[cuda-mixer-fused] %-18s against fp32: output %.1e (libtorch bf16 %.1e)  worst parameter grad %.1e "
+                "(libtorch bf16 %.1e; %zu tensors)\n",
+                kind.c_str(), e_y, rel_err(plain[0], ref[0]), e_grad, e_plain, fused.size() - 1);
   }
 }
 

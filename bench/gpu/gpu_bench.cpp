@@ -132,7 +132,9 @@ void bench_ops(const Settings& s) {
                                      {"retnet (libtorch chunks)", 0, 1, false},
                                      {"gla (libtorch chunks)", 0, 3, false},
                                      {"deltanet (libtorch chunks)", 1, 0, false},
-                                     {"gated_deltanet (libtorch chunks)", 1, 2, false}};
+                                     {"gated_deltanet (libtorch chunks)", 1, 2, false},
+                                     {"kda (libtorch chunks)", 1, 3, false},
+                                     {"mlstm (libtorch chunks)", 2, 0, false}};
   std::vector<OpKind> kinds;
   for (const auto& kind : all_kinds)
     // "name" picks that row; "name+" also the op's libtorch-chunks row ("retnet+": both RetNet rows).

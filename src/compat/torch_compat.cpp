@@ -80,6 +80,26 @@ AutocastGuard::~AutocastGuard() {
 #endif
 }
 
+namespace {
+
+void set_autocast_enabled(torch::DeviceType device, bool enabled) {
+#if TORCH_VERSION_MAJOR >= 2
+  at::autocast::set_autocast_enabled(device, enabled);
+#else
+  if (device == torch::kCUDA) at::autocast::set_enabled(enabled);
+  else at::autocast::set_cpu_enabled(enabled);
+#endif
+}
+
+}  // namespace
+
+AutocastOffGuard::AutocastOffGuard(torch::DeviceType device)
+    : device_(device), prev_enabled_(autocast_state(device).enabled) {
+  set_autocast_enabled(device_, false);
+}
+
+AutocastOffGuard::~AutocastOffGuard() { set_autocast_enabled(device_, prev_enabled_); }
+
 Tf32Guard::Tf32Guard(bool enabled) : enabled_(enabled) {
   if (!enabled_) return;
   prev_ = at::globalContext().allowTF32CuBLAS();

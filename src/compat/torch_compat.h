@@ -50,6 +50,20 @@ class AutocastGuard {
   torch::ScalarType prev_dtype_ = torch::kFloat;
 };
 
+// RAII guard that turns autocast off for a device type (fp32 matrix products stay fp32) and restores the
+// previous state when it leaves scope.
+class AutocastOffGuard {
+ public:
+  explicit AutocastOffGuard(torch::DeviceType device);
+  ~AutocastOffGuard();
+  AutocastOffGuard(const AutocastOffGuard&) = delete;
+  AutocastOffGuard& operator=(const AutocastOffGuard&) = delete;
+
+ private:
+  torch::DeviceType device_;
+  bool prev_enabled_ = false;
+};
+
 // RAII guard that lets fp32 matrix products on CUDA use TF32 tensor cores (10-bit mantissa, as
 // precise as the bf16 operands they stand in for) while it is in scope, then restores the setting.
 // Custom autograd functions take it in their backward, where autocast is off.

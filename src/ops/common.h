@@ -128,6 +128,14 @@ std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, co
                                                       const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
                                                       double scale, int64_t chunk);
 
+// The chunked form of family C (mLSTM) through the fused scalar-decay kernels of family A, with the
+// normaliser in fp32 (mlstm_ops/fused_chunk.cpp), when they apply: as fused_scalar_decay_chunk (K = V =
+// 64 or 128) and T > 0. Otherwise nothing, and mlstm_chunk runs its libtorch form. Differentiable in q,
+// k, v, the gates and the initial state.
+std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                             const torch::Tensor& igate, const torch::Tensor& fgate,
+                                             const MlstmState& init, double scale, double eps, int64_t chunk);
+
 // The 16-bit dtype the fused chunk kernels would run q, k, v in, or nothing when they cannot: CUDA, fused
 // kernels on, chunk 64, q, k, v of one dtype that is bf16/fp16, or fp32 under bf16/fp16 autocast (the
 // products then run in autocast's dtype, as the libtorch form would compute them). Each kernel file

@@ -72,6 +72,9 @@ MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const to
         gate->size(2) != H)
       throw Error("mlstm_chunk: expected igate and fgate [B,T,H] = [" + std::to_string(B) + ", " +
                   std::to_string(T) + ", " + std::to_string(H) + "]");
+  // On CUDA in bf16/fp16 (or under autocast) with head size 64 or 128: the same math through the fused
+  // kernels of family A, the normaliser in fp32 (mlstm_ops/fused_chunk.cpp).
+  if (auto fused = detail::fused_mlstm_chunk(q, k, v, igate, fgate, init, scale, eps, chunk)) return *fused;
   const auto dt = detail::compute_dtype(v), op_dt = detail::operand_dtype(v);
   const auto opts = v.options().dtype(dt);
   const int64_t C = chunk, Tp = detail::round_up(T, C), N = Tp / C;

@@ -1,0 +1,124 @@
+// Family C (mLSTM) through the fused kernels of family A (see common.h, detail::fused_mlstm_chunk).
+// Once the max state m_t is known, the stabilised recurrence is linear attention with a scalar decay:
+//   m_t  = max(log f_t + m_{t-1}, i_t)                  (the gates only)
+//   g_t  = log f_t + m_{t-1} - m_t <= 0,   k'_t = e^{i_t - m_t} k_t
+//   C_t  = e^{g_t} C_{t-1} + k'_t v_t^T,   n_t = e^{g_t} n_{t-1} + k'_t
+//   h_t  = C_t^T q^_t / (max(|n_t · q^_t|, e^{-m_t}) + eps)
+// The numerator C_t^T q^_t runs through the scalar-decay chunk kernels (ops/cuda/chunk_scalar_decay.cu:
+// 16-bit products, fp32 state). The normaliser n_t · q^_t is a signed sum that can cancel, and the
+// kernels' 16-bit products lose it, so it is taken in fp32 with autocast off: the intra-chunk row sums
+// of the decayed scores plus the chunk's decayed q^ against n, n carried over the chunks by the decayed
+// scan of detail::state_pass.
+//
+// h is invariant to a common shift of m in everything but eps: with N, D the unstabilised numerator and
+// normaliser, h = N / (max(|D|, 1) + eps e^{m}). So the stabilised parts take m as a constant (no gradient
+// flows through them: in 16-bit products the cancelling terms would swamp the gates' gradients), and m's
+// own gradient is added where it is not zero: dh/dm = -h eps / (max(|n·q^|, e^{-m}) + eps), and for the
+// returned state, stabilised as c = e^{-m_T} C, dc/dm_T = -c (n likewise).
+//
+// m_t per chunk, from the chunk-local cumulative log f (b): m_t = max(b_t + m_in, b_t + max_{s <= t}
+// (i_s - b_s)) with m_in the max state entering the chunk; a chunk maps its m_in to
+// max(m_in + alpha, beta) (alpha = b at its last step, beta = its own maximum there), and the maps compose
+// associatively, so the m_in of every chunk come from a log-depth scan over the chunks. Every sum in it
+// spans the steps between a term and the step it is read at, as in the recurrence itself.
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "compat/torch_compat.h"
+#include "ops/common.h"
+#include "ops/ops.h"
+
+#ifdef LINEARIZE_WITH_CUDA
+#include "ops/cuda/kernels.h"
+#endif
+
+namespace linearize::ops::detail {
+
+namespace {
+
+// The max state m_t [B,H,N*C] from the per-step log f and input gate [B,H,N*C] (heads first, padded with
+// log f = 0 and i = -inf) and the max state before the first step, m0 [B,H].
+torch::Tensor max_state(const torch::Tensor& lf, const torch::Tensor& ig, const torch::Tensor& m0, int64_t C) {
+  const int64_t B = lf.size(0), H = lf.size(1), N = lf.size(2) / C;
+  auto b = lf.reshape({B, H, N, C}).cumsum(-1);
+  auto own = b + std::get<0>(torch::cummax(ig.reshape({B, H, N, C}) - b, -1));  // from the chunk's own steps
+  auto alpha = b.select(-1, C - 1), beta = own.select(-1, C - 1);               // [B,H,N]
+  // Inclusive scan of the maps m -> max(m + alpha, beta): afterwards entry j composes chunks 0..j.
+  for (int64_t d = 1; d < N; d *= 2) {
+    auto a_prev = alpha.narrow(2, 0, N - d), b_prev = beta.narrow(2, 0, N - d);
+    auto a_cur = alpha.narrow(2, d, N - d), b_cur = beta.narrow(2, d, N - d);
+    auto a_new = a_prev + a_cur, b_new = torch::maximum(b_prev + a_cur, b_cur);
+    alpha = torch::cat({alpha.narrow(2, 0, d), a_new}, 2);
+    beta = torch::cat({beta.narrow(2, 0, d), b_new}, 2);
+  }
+  auto m_out = torch::maximum(m0.unsqueeze(-1) + alpha, beta);                  // leaving chunk j
+  auto m_in = torch::cat({m0.unsqueeze(-1), m_out.narrow(2, 0, N - 1)}, 2);    // entering chunk j
+  return torch::maximum(b + m_in.unsqueeze(-1), own).reshape({B, H, N * C});
+}
+
+// n_t · q^_t [B,H,Tp] and the final n [B,H,K] in fp32: q^ [B,H,N,C,K] (scaled), k' [B,H,N,C,K], the
+// chunk-local cumulative decay G [B,H,N,C], n0 [B,H,K].
+std::pair<torch::Tensor, torch::Tensor> normaliser(const torch::Tensor& Q, const torch::Tensor& Kp,
+                                                   const torch::Tensor& G, const torch::Tensor& n0) {
+  const int64_t B = Q.size(0), H = Q.size(1), N = Q.size(2), C = Q.size(3);
+  auto P = gated_scores(Q, Kp, G, /*strict=*/false);                        // [B,H,N,C,C]
+  auto Gl = G.narrow(-1, C - 1, 1);                                          // [B,H,N,1]
+  auto KdT = (Kp * (Gl - G).exp().unsqueeze(-1)).transpose(-1, -2);          // [B,H,N,K,C]
+  auto pass = state_pass({}, torch::ones({B, H, N, C, 1}, Q.options()), KdT, Gl.exp().unsqueeze(-1),
+                         n0.unsqueeze(-1));                                  // n entering each chunk [B,H,N,K,1]
+  auto inter = (Q * G.exp().unsqueeze(-1)).matmul(pass.states).squeeze(-1);  // [B,H,N,C]
+  return {(P.sum(-1) + inter).reshape({B, H, N * C}), pass.final_state.squeeze(-1)};
+}
+
+}  // namespace
+
+std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                             const torch::Tensor& igate, const torch::Tensor& fgate,
+                                             const MlstmState& init, double scale, double eps, int64_t chunk) {
+#ifdef LINEARIZE_WITH_CUDA
+  const auto dt = fused_chunk_dtype(q, k, v, chunk);
+  if (!dt || !cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), *dt) || q.size(1) == 0)
+    return std::nullopt;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), C = chunk;
+  const int64_t Tp = round_up(T, C), N = Tp / C;
+  const auto f32 = q.options().dtype(torch::kFloat);
+  const double inf = std::numeric_limits<double>::infinity();
+  auto n0 = init.defined() ? init.n.to(torch::kFloat) : torch::zeros({B, H, K}, f32);
+  auto m0 = init.defined() ? init.m.to(torch::kFloat) : torch::zeros({B, H}, f32);
+
+  auto lf = pad_dim(torch::log_sigmoid(fgate.to(torch::kFloat)).transpose(1, 2), 2, Tp, 0.0);  // [B,H,Tp]
+  auto ig = pad_dim(igate.to(torch::kFloat).transpose(1, 2), 2, Tp, -inf);                    // [B,H,Tp]
+  auto m_grad = max_state(lf, ig, m0, C), m = m_grad.detach();                              // [B,H,Tp]
+  auto m_before = torch::cat({m0.unsqueeze(-1), m.narrow(2, 0, Tp - 1)}, 2);
+  auto g = lf + m_before - m;                                                   // <= 0, zero past T
+  auto kp = k.to(torch::kFloat) * (ig - m).narrow(2, 0, T).exp().transpose(1, 2).unsqueeze(-1);  // [B,T,H,K]
+
+  auto num = fused_scalar_decay_chunk(q, kp.to(q.scalar_type()), v, g.narrow(2, 0, T).transpose(1, 2),
+                                      GateKind::Scalar, init.defined() ? init.c : torch::Tensor(), scale, chunk);
+  if (!num) return std::nullopt;
+
+  torch::Tensor den, n_final;
+  {
+    compat::AutocastOffGuard fp32(torch::kCUDA);
+    auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,K] -> [B,H,N,C,K] fp32
+      return pad_dim(to_heads_first(x, torch::kFloat), 2, Tp, 0.0).reshape({B, H, N, C, K});
+    };
+    std::tie(den, n_final) = normaliser(chunked(q) * scale, chunked(kp), g.reshape({B, H, N, C}).cumsum(-1), n0);
+  }
+  auto denom = (torch::maximum(den.abs(), (-m).exp()) + eps).narrow(2, 0, T).transpose(1, 2);  // [B,T,H]
+  auto h = num->o.to(torch::kFloat) / denom.unsqueeze(-1);  // [B,T,H,V]
+  // m's gradient: terms that are zero in value (shift = m - m.detach()).
+  auto shift = (m_grad - m).narrow(2, 0, T).transpose(1, 2).unsqueeze(-1);  // [B,T,H,1]
+  h = h - (h * (eps / denom).unsqueeze(-1)).detach() * shift;
+  auto shift_T = (m_grad - m).select(2, T - 1);  // [B,H]
+  auto c = num->state - num->state.detach() * shift_T.unsqueeze(-1).unsqueeze(-1);
+  auto n = n_final - n_final.detach() * shift_T.unsqueeze(-1);
+  return MlstmResult{h.to(v.scalar_type()), {c, n, m_grad.select(2, T - 1)}};
+#else
+  (void)q, (void)k, (void)v, (void)igate, (void)fgate, (void)init, (void)scale, (void)eps, (void)chunk;
+  return std::nullopt;
+#endif
+}
+
+}  // namespace linearize::ops::detail
