@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -120,6 +121,13 @@ struct OpKind {
   bool fused = true;  // false: the libtorch chunked form (the fused kernels' own baseline)
 };
 
+// Drops the gradients the leaves hold, so that each timed backward writes them afresh: in a model q, k
+// and v are not leaves, and nothing sums their gradients into an earlier iteration's.
+void clear_grads(std::initializer_list<torch::Tensor*> leaves) {
+  for (auto* t : leaves)
+    if (t->defined() && t->grad().defined()) t->mutable_grad() = torch::Tensor();
+}
+
 void bench_ops(const Settings& s) {
   const bool gpu = s.device.is_cuda();
   const int64_t B = gpu ? 8 : 1, H = gpu ? 32 : 4, D = s.head_dim > 0 ? s.head_dim : gpu ? 128 : 64;
@@ -159,6 +167,7 @@ void bench_ops(const Settings& s) {
       auto kh = k.detach().transpose(1, 2).contiguous().requires_grad_(true);
       auto vh = v.detach().transpose(1, 2).contiguous().requires_grad_(true);
       base.push_back(time_it(s.device, 1, 3, [&] {
+        clear_grads({&qh, &kh, &vh});
         compat::attention(qh, kh, vh, /*causal=*/true, scale).sum().backward();
       }));
       std::cerr << "  softmax attention " << fmt(base.back() * 1e3, "%.1f") << " ms\n";
@@ -174,6 +183,7 @@ void bench_ops(const Settings& s) {
       auto ig = torch::randn({B, T, H}, f32).requires_grad_(true), fg = (torch::randn({B, T, H}, f32) + 3).requires_grad_(true);
       auto kn = kind.family == 1 ? ops::l2_norm(k.detach()).requires_grad_(true) : k;
       const double t = time_it(s.device, 1, 3, [&] {
+        clear_grads({&q, &kn, &v, &g, &beta, &ig, &fg});
         torch::Tensor o;
         {
           // As the trainer calls them: forward under bf16 autocast on CUDA (products in bf16, gates and
