@@ -464,6 +464,47 @@ TEST(OpsMlstm, GradientsMatchRecurrentFp64) {
   }
 }
 
+// The form the fused CUDA path runs (the max state by a scan over chunks, then linear attention with a
+// scalar decay and an explicit normaliser, m a constant inside with its own gradient added), here
+// through gla_chunk's libtorch form in fp64: it equals the recurrence in every output and in the
+// gradient of every input, m0 included. Input gates around 14 put the max state where eps e^m is of the
+// order of the normaliser, so its gradient through m is not negligible; T = 1 (one partial chunk),
+// 63 and 150 with chunks of 16 (the scan over 1, 4 and 10 chunks) and 64.
+TEST(OpsMlstm, LinearAttentionFormMatchesRecurrentFp64) {
+  torch::manual_seed(12);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kK));
+  for (int64_t T : {1, 63, 150})
+    for (int64_t chunk : {16, 64}) {
+      SCOPED_TRACE("T=" + std::to_string(T) + " C=" + std::to_string(chunk));
+      auto base = random_mlstm(T, true, torch::kDouble);
+      base.ig = base.ig + 14;
+      auto dh = torch::randn({kB, T, kH, kV}, torch::kDouble), dc = torch::randn({kB, kH, kK, kV}, torch::kDouble);
+      auto dn = torch::randn({kB, kH, kK}, torch::kDouble), dm = torch::randn({kB, kH}, torch::kDouble);
+      std::vector<ops::MlstmResult> results;
+      std::vector<std::vector<torch::Tensor>> grads;
+      for (int form = 0; form < 2; ++form) {
+        MlstmInputs in = base;
+        std::vector<torch::Tensor*> leaves = {&in.q,      &in.k,      &in.v,     &in.ig, &in.fg,
+                                              &in.init.c, &in.init.n, &in.init.m};
+        for (auto* t : leaves) *t = t->detach().clone().requires_grad_(true);
+        auto res = form == 0 ? ops::detail::mlstm_as_linear_attention(in.q, in.k, in.v, in.ig, in.fg, in.init, scale,
+                                                                      1e-6, chunk)
+                             : ops::mlstm_recurrent(in.q, in.k, in.v, in.ig, in.fg, in.init, scale);
+        ((res.h * dh).sum() + (res.state.c * dc).sum() + (res.state.n * dn).sum() + (res.state.m * dm).sum())
+            .backward();
+        results.push_back(res);
+        grads.emplace_back();
+        for (auto* t : leaves) grads.back().push_back(t->grad());
+      }
+      expect_mlstm_close(results[0], results[1], 1e-9);
+      EXPECT_GT(results[1].state.m.min().item<double>(), 8.0) << "the input gates should set the max state";
+      for (size_t i = 0; i < grads[0].size(); ++i) {
+        ASSERT_TRUE(grads[0][i].defined()) << "input " << i;
+        EXPECT_LE(rel_err(grads[0][i], grads[1][i]), 1e-8) << "input " << i;
+      }
+    }
+}
+
 TEST(OpsMlstm, StatePassingAndDecode) {
   torch::manual_seed(11);
   const double scale = 1.0 / std::sqrt(static_cast<double>(kK));

@@ -129,12 +129,20 @@ std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, co
                                                       double scale, int64_t chunk);
 
 // The chunked form of family C (mLSTM) through the fused scalar-decay kernels of family A, with the
-// normaliser in fp32 (mlstm_ops/fused_chunk.cpp), when they apply: as fused_scalar_decay_chunk (K = V =
+// normaliser in fp32 (mlstm_as_linear_attention), when they apply: as fused_scalar_decay_chunk (K = V =
 // 64 or 128) and T > 0. Otherwise nothing, and mlstm_chunk runs its libtorch form. Differentiable in q,
 // k, v, the gates and the initial state.
 std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                              const torch::Tensor& igate, const torch::Tensor& fgate,
                                              const MlstmState& init, double scale, double eps, int64_t chunk);
+
+// mlstm_chunk's result as linear attention with a scalar decay (mlstm_ops/fused_chunk.cpp): the max state
+// m_t first (from the gates alone), then the numerator through gla_chunk with decay log f_t + m_{t-1} - m_t
+// and keys e^{i_t - m_t} k_t, the normaliser in the compute dtype with autocast off. T > 0. What
+// fused_mlstm_chunk runs; on CPU the same math through gla_chunk's libtorch form (tests).
+MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
+                                      double scale, double eps, int64_t chunk);
 
 // The 16-bit dtype the fused chunk kernels would run q, k, v in, or nothing when they cannot: CUDA, fused
 // kernels on, chunk 64, q, k, v of one dtype that is bf16/fp16, or fp32 under bf16/fp16 autocast (the

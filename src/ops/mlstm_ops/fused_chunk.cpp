@@ -1,14 +1,15 @@
-// Family C (mLSTM) through the fused kernels of family A (see common.h, detail::fused_mlstm_chunk).
+// Family C (mLSTM) as linear attention with a scalar decay (see common.h, detail::mlstm_as_linear_attention),
+// the form that takes the fused kernels of family A on CUDA (detail::fused_mlstm_chunk).
 // Once the max state m_t is known, the stabilised recurrence is linear attention with a scalar decay:
 //   m_t  = max(log f_t + m_{t-1}, i_t)                  (the gates only)
 //   g_t  = log f_t + m_{t-1} - m_t <= 0,   k'_t = e^{i_t - m_t} k_t
 //   C_t  = e^{g_t} C_{t-1} + k'_t v_t^T,   n_t = e^{g_t} n_{t-1} + k'_t
 //   h_t  = C_t^T q^_t / (max(|n_t · q^_t|, e^{-m_t}) + eps)
-// The numerator C_t^T q^_t runs through the scalar-decay chunk kernels (ops/cuda/chunk_scalar_decay.cu:
-// 16-bit products, fp32 state). The normaliser n_t · q^_t is a signed sum that can cancel, and the
-// kernels' 16-bit products lose it, so it is taken in fp32 with autocast off: the intra-chunk row sums
-// of the decayed scores plus the chunk's decayed q^ against n, n carried over the chunks by the decayed
-// scan of detail::state_pass.
+// The numerator C_t^T q^_t is gla_chunk's (on CUDA with 16-bit inputs the scalar-decay chunk kernels,
+// ops/cuda/chunk_scalar_decay.cu: 16-bit products, fp32 state). The normaliser n_t · q^_t is a signed
+// sum that can cancel, and the kernels' 16-bit products lose it, so it is taken in the compute dtype
+// (fp32; fp64 for fp64 inputs) with autocast off: the intra-chunk row sums of the decayed scores plus
+// the chunk's decayed q^ against n, n carried over the chunks by the decayed scan of detail::state_pass.
 //
 // h is invariant to a common shift of m in everything but eps: with N, D the unstabilised numerator and
 // normaliser, h = N / (max(|D|, 1) + eps e^{m}). So the stabilised parts take m as a constant (no gradient
@@ -57,7 +58,7 @@ torch::Tensor max_state(const torch::Tensor& lf, const torch::Tensor& ig, const 
   return torch::maximum(b + m_in.unsqueeze(-1), own).reshape({B, H, N * C});
 }
 
-// n_t · q^_t [B,H,Tp] and the final n [B,H,K] in fp32: q^ [B,H,N,C,K] (scaled), k' [B,H,N,C,K], the
+// n_t · q^_t [B,H,Tp] and the final n [B,H,K] in Q's dtype: q^ [B,H,N,C,K] (scaled), k' [B,H,N,C,K], the
 // chunk-local cumulative decay G [B,H,N,C], n0 [B,H,K].
 std::pair<torch::Tensor, torch::Tensor> normaliser(const torch::Tensor& Q, const torch::Tensor& Kp,
                                                    const torch::Tensor& G, const torch::Tensor& n0) {
@@ -73,6 +74,47 @@ std::pair<torch::Tensor, torch::Tensor> normaliser(const torch::Tensor& Q, const
 
 }  // namespace
 
+MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
+                                      double scale, double eps, int64_t chunk) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), C = chunk;
+  const int64_t Tp = round_up(T, C), N = Tp / C;
+  const auto dt = compute_dtype(v);
+  const auto opts = q.options().dtype(dt);
+  const double inf = std::numeric_limits<double>::infinity();
+  auto n0 = init.defined() ? init.n.to(dt) : torch::zeros({B, H, K}, opts);
+  auto m0 = init.defined() ? init.m.to(dt) : torch::zeros({B, H}, opts);
+
+  auto lf = pad_dim(torch::log_sigmoid(fgate.to(dt)).transpose(1, 2), 2, Tp, 0.0);  // [B,H,Tp]
+  auto ig = pad_dim(igate.to(dt).transpose(1, 2), 2, Tp, -inf);                    // [B,H,Tp]
+  auto m_grad = max_state(lf, ig, m0, C), m = m_grad.detach();                      // [B,H,Tp]
+  // m0 itself is an input (the initial state is stabilised by it), so it keeps its gradient here.
+  auto m_before = torch::cat({m0.unsqueeze(-1), m.narrow(2, 0, Tp - 1)}, 2);
+  auto g = lf + m_before - m;                                                       // <= 0, zero past T
+  auto kp = k.to(dt) * (ig - m).narrow(2, 0, T).exp().transpose(1, 2).unsqueeze(-1);  // [B,T,H,K]
+
+  auto num = ops::gla_chunk(q, kp.to(q.scalar_type()), v, g.narrow(2, 0, T).transpose(1, 2),
+                            init.defined() ? init.c : torch::Tensor(), scale, chunk);
+
+  torch::Tensor den, n_final;
+  {
+    compat::AutocastOffGuard full_precision(q.device().type());
+    auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,K] -> [B,H,N,C,K]
+      return pad_dim(to_heads_first(x, dt), 2, Tp, 0.0).reshape({B, H, N, C, K});
+    };
+    std::tie(den, n_final) = normaliser(chunked(q) * scale, chunked(kp), g.reshape({B, H, N, C}).cumsum(-1), n0);
+  }
+  auto denom = (torch::maximum(den.abs(), (-m).exp()) + eps).narrow(2, 0, T).transpose(1, 2);  // [B,T,H]
+  auto h = num.o.to(dt) / denom.unsqueeze(-1);  // [B,T,H,V]
+  // m's gradient: terms that are zero in value (shift = m - m.detach()).
+  auto shift = (m_grad - m).narrow(2, 0, T).transpose(1, 2).unsqueeze(-1);  // [B,T,H,1]
+  h = h - (h * (eps / denom).unsqueeze(-1)).detach() * shift;
+  auto shift_T = (m_grad - m).select(2, T - 1);  // [B,H]
+  auto c = num.state - num.state.detach() * shift_T.unsqueeze(-1).unsqueeze(-1);
+  auto n = n_final - n_final.detach() * shift_T.unsqueeze(-1);
+  return MlstmResult{h.to(v.scalar_type()), {c, n, m_grad.select(2, T - 1)}};
+}
+
 std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                              const torch::Tensor& igate, const torch::Tensor& fgate,
                                              const MlstmState& init, double scale, double eps, int64_t chunk) {
@@ -80,41 +122,7 @@ std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), *dt) || q.size(1) == 0)
     return std::nullopt;
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), C = chunk;
-  const int64_t Tp = round_up(T, C), N = Tp / C;
-  const auto f32 = q.options().dtype(torch::kFloat);
-  const double inf = std::numeric_limits<double>::infinity();
-  auto n0 = init.defined() ? init.n.to(torch::kFloat) : torch::zeros({B, H, K}, f32);
-  auto m0 = init.defined() ? init.m.to(torch::kFloat) : torch::zeros({B, H}, f32);
-
-  auto lf = pad_dim(torch::log_sigmoid(fgate.to(torch::kFloat)).transpose(1, 2), 2, Tp, 0.0);  // [B,H,Tp]
-  auto ig = pad_dim(igate.to(torch::kFloat).transpose(1, 2), 2, Tp, -inf);                    // [B,H,Tp]
-  auto m_grad = max_state(lf, ig, m0, C), m = m_grad.detach();                              // [B,H,Tp]
-  auto m_before = torch::cat({m0.unsqueeze(-1), m.narrow(2, 0, Tp - 1)}, 2);
-  auto g = lf + m_before - m;                                                   // <= 0, zero past T
-  auto kp = k.to(torch::kFloat) * (ig - m).narrow(2, 0, T).exp().transpose(1, 2).unsqueeze(-1);  // [B,T,H,K]
-
-  auto num = fused_scalar_decay_chunk(q, kp.to(q.scalar_type()), v, g.narrow(2, 0, T).transpose(1, 2),
-                                      GateKind::Scalar, init.defined() ? init.c : torch::Tensor(), scale, chunk);
-  if (!num) return std::nullopt;
-
-  torch::Tensor den, n_final;
-  {
-    compat::AutocastOffGuard fp32(torch::kCUDA);
-    auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,K] -> [B,H,N,C,K] fp32
-      return pad_dim(to_heads_first(x, torch::kFloat), 2, Tp, 0.0).reshape({B, H, N, C, K});
-    };
-    std::tie(den, n_final) = normaliser(chunked(q) * scale, chunked(kp), g.reshape({B, H, N, C}).cumsum(-1), n0);
-  }
-  auto denom = (torch::maximum(den.abs(), (-m).exp()) + eps).narrow(2, 0, T).transpose(1, 2);  // [B,T,H]
-  auto h = num->o.to(torch::kFloat) / denom.unsqueeze(-1);  // [B,T,H,V]
-  // m's gradient: terms that are zero in value (shift = m - m.detach()).
-  auto shift = (m_grad - m).narrow(2, 0, T).transpose(1, 2).unsqueeze(-1);  // [B,T,H,1]
-  h = h - (h * (eps / denom).unsqueeze(-1)).detach() * shift;
-  auto shift_T = (m_grad - m).select(2, T - 1);  // [B,H]
-  auto c = num->state - num->state.detach() * shift_T.unsqueeze(-1).unsqueeze(-1);
-  auto n = n_final - n_final.detach() * shift_T.unsqueeze(-1);
-  return MlstmResult{h.to(v.scalar_type()), {c, n, m_grad.select(2, T - 1)}};
+  return mlstm_as_linear_attention(q, k, v, igate, fgate, init, scale, eps, chunk);
 #else
   (void)q, (void)k, (void)v, (void)igate, (void)fgate, (void)init, (void)scale, (void)eps, (void)chunk;
   return std::nullopt;
