@@ -280,7 +280,8 @@ void check_walk_inputs(const WalkShape& p, torch::ScalarType dt, const torch::Te
               "contiguous; got ", qd.sizes(), " ", kd.sizes());
   TORCH_CHECK(A.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && A.scalar_type() == dt && A.is_contiguous(),
               "fused vector-decay walk: A must be [B,H,N,64,64] in the values' dtype; got ", A.sizes());
-  TORCH_CHECK(a.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kD}) && a.scalar_type() == torch::kFloat && a.is_contiguous(),
+  TORCH_CHECK(a.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kD}) && a.scalar_type() == torch::kFloat &&
+                  a.is_contiguous(),
               "fused vector-decay walk: a must be [B,H,N,64] fp32; got ", a.sizes(), " ", a.scalar_type());
 }
 

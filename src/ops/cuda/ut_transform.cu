@@ -393,8 +393,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, T16, S::ld, sdw, S::ld, R, Cc, R, kRowTiles); });
     __syncthreads();
   }
-  // Row pass: dk so far = beta dKb + beta e^G dKg (kept in registers); dbeta = k·dKb + e^G k·dKg; dG += beta e^G k·dKg.
-  // Given: dk so far = beta dKg, dbeta += k·dKg (A holds no dKb, G = 0).
+  // Row pass: dk so far = beta dKb + beta e^G dKg (kept in registers); dbeta = k·dKb + e^G k·dKg;
+  // dG += beta e^G k·dKg. Given: dk so far = beta dKg, dbeta += k·dKg (A holds no dKb, G = 0).
   constexpr int kItems = kC * kD / 8 / kThreads;  // 16-byte groups per thread
   float dk_acc[kItems][8];
 #pragma unroll
@@ -449,8 +449,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       y[j] *= sb[r];
     }
     vy = row_sum(vy);
-    if constexpr (Given) *reinterpret_cast<uint4*>(dk + at.chunked + static_cast<size_t>(at.t0 + r) * kD + c) = pack8<E>(x);
-    else if (live) *reinterpret_cast<uint4*>(dk + off) = pack8<E>(x);
+    if constexpr (Given)
+      *reinterpret_cast<uint4*>(dk + at.chunked + static_cast<size_t>(at.t0 + r) * kD + c) = pack8<E>(x);
+    else if (live)
+      *reinterpret_cast<uint4*>(dk + off) = pack8<E>(x);
     if (live) *reinterpret_cast<uint4*>(dv + off) = pack8<E>(y);
     if (c == 0) sdbeta[r] += vy;
   }
@@ -492,10 +494,10 @@ UtShape ut_shape_given(const torch::Tensor& scores, const torch::Tensor& k, cons
                        const torch::Tensor& beta) {
   TORCH_CHECK(v.dim() == 4, "fused UT transform: expects v [B,T,H,64]; got ", v.sizes());
   const UtShape p = ut_shape(v, v, beta);
-  TORCH_CHECK(scores.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && scores.scalar_type() == v.scalar_type() &&
-                  scores.is_contiguous(),
-              "fused UT transform: the scores must be [B,H,N,64,64] in v's dtype, contiguous; got ", scores.sizes(), " ",
-              scores.scalar_type());
+  TORCH_CHECK(scores.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) &&
+                  scores.scalar_type() == v.scalar_type() && scores.is_contiguous(),
+              "fused UT transform: the scores must be [B,H,N,64,64] in v's dtype, contiguous; got ", scores.sizes(),
+              " ", scores.scalar_type());
   TORCH_CHECK(k.sizes() == torch::IntArrayRef({p.B, p.H, p.N * kC, kD}) && k.scalar_type() == v.scalar_type() &&
                   k.is_contiguous(),
               "fused UT transform: the rows e^G ⊙ k must be [B,H,N*64,64] in v's dtype, contiguous; got ", k.sizes(),
