@@ -107,9 +107,9 @@ MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tenso
   auto denom = (torch::maximum(den.abs(), (-m).exp()) + eps).narrow(2, 0, T).transpose(1, 2);  // [B,T,H]
   auto h = num.o.to(dt) / denom.unsqueeze(-1);  // [B,T,H,V]
   // m's gradient: terms that are zero in value (shift = m - m.detach()).
-  auto shift = (m_grad - m).narrow(2, 0, T).transpose(1, 2).unsqueeze(-1);  // [B,T,H,1]
-  h = h - (h * (eps / denom).unsqueeze(-1)).detach() * shift;
-  auto shift_T = (m_grad - m).select(2, T - 1);  // [B,H]
+  auto shift = m_grad - m;                                                  // [B,H,Tp]
+  h = h - (h * (eps / denom).unsqueeze(-1)).detach() * shift.narrow(2, 0, T).transpose(1, 2).unsqueeze(-1);
+  auto shift_T = shift.select(2, T - 1);  // [B,H]
   auto c = num.state - num.state.detach() * shift_T.unsqueeze(-1).unsqueeze(-1);
   auto n = n_final - n_final.detach() * shift_T.unsqueeze(-1);
   return MlstmResult{h.to(v.scalar_type()), {c, n, m_grad.select(2, T - 1)}};
