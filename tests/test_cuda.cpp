@@ -445,6 +445,87 @@ TEST(CudaOps, FusedMlstmChunkMatchesFp32) {
   }
 }
 
+// The mLSTM's gates and normaliser kernel (ops/cuda/mlstm_normaliser.cu) against a step-by-step
+// recurrence in fp64 with the kernel's gradient convention (m held constant inside g and k', m0
+// excepted): every output and, for a random weighting of all five outputs, the gradient of every input.
+// T = 333 (a partial last tile of 64), q and k in fp32 (k' in bf16) or in the 16-bit dtype, head size 64
+// and 128, input gates that move the max state often.
+TEST(CudaOps, MlstmNormaliserKernelMatchesRecurrenceFp64) {
+  REQUIRE_CUDA();
+#ifdef LINEARIZE_WITH_CUDA
+  const int64_t B = 2, T = 333, H = 3;
+  struct Case {
+    int64_t K;
+    torch::ScalarType in, lo;
+  };
+  for (const Case c : {Case{64, torch::kFloat, torch::kBFloat16}, Case{128, torch::kFloat, torch::kBFloat16},
+                       Case{64, torch::kBFloat16, torch::kBFloat16}, Case{64, torch::kHalf, torch::kHalf}}) {
+    SCOPED_TRACE("K=" + std::to_string(c.K) + " in=" + std::string(c10::toString(c.in)));
+    torch::manual_seed(40 + c.K);
+    const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+    auto q = torch::randn({B, T, H, c.K}, f64).to(c.in).to(torch::kDouble);  // representable in c.in
+    auto k = torch::randn({B, T, H, c.K}, f64).to(c.in).to(torch::kDouble);
+    auto ig = (torch::randn({B, T, H}, f64) * 2).to(torch::kFloat).to(torch::kDouble);
+    auto fg = (torch::randn({B, T, H}, f64) + 3).to(torch::kFloat).to(torch::kDouble);
+    auto m0 = torch::randn({B, H}, f64).to(torch::kFloat).to(torch::kDouble);
+    auto n0 = (torch::randn({B, H, c.K}, f64) * 0.1).to(torch::kFloat).to(torch::kDouble);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.K));
+    auto d_kp = torch::randn({B, T, H, c.K}, f64).to(c.lo).to(torch::kDouble);
+    auto d_g = torch::randn({B, H, T}, f64), d_m = torch::randn({B, H, T}, f64);
+    auto d_den = torch::randn({B, H, T}, f64), d_final = torch::randn({B, H, c.K}, f64);
+
+    // The reference, step by step.
+    std::vector<torch::Tensor> leaves = {q, k, ig, fg, m0, n0};
+    for (auto& t : leaves) t = t.clone().requires_grad_(true);
+    auto lf = torch::log_sigmoid(leaves[3]);
+    std::vector<torch::Tensor> kps, gs, ms, dens;
+    auto m_prev = leaves[4], n = leaves[5];
+    for (int64_t t = 0; t < T; ++t) {
+      auto lf_t = lf.select(1, t), ig_t = leaves[2].select(1, t);  // [B,H]
+      auto m_t = torch::maximum(lf_t + m_prev, ig_t);
+      auto m_c = m_t.detach();
+      auto g_t = lf_t + (t == 0 ? m_prev : m_prev.detach()) - m_c;
+      auto kp_t = leaves[1].select(1, t) * (ig_t - m_c).exp().unsqueeze(-1);  // [B,H,K]
+      n = g_t.exp().unsqueeze(-1) * n + kp_t;
+      dens.push_back((n * leaves[0].select(1, t)).sum(-1) * scale);
+      kps.push_back(kp_t), gs.push_back(g_t), ms.push_back(m_t);
+      m_prev = m_t;
+    }
+    auto kp = torch::stack(kps, 1), g = torch::stack(gs, 2), m = torch::stack(ms, 2), den = torch::stack(dens, 2);
+    ((kp * d_kp).sum() + (g * d_g).sum() + (m * d_m).sum() + (den * d_den).sum() + (n * d_final).sum()).backward();
+
+    auto cu = [&](const torch::Tensor& x, torch::ScalarType dt) { return x.to(torch::kCUDA, dt).contiguous(); };
+    auto fw = ops::cuda_kernels::mlstm_normaliser_forward(cu(q, c.in), cu(k, c.in), cu(ig, torch::kFloat),
+                                                          cu(fg, torch::kFloat), cu(m0, torch::kFloat),
+                                                          cu(n0, torch::kFloat), scale, c.lo);
+    auto bw = ops::cuda_kernels::mlstm_normaliser_backward(
+        cu(q, c.in), cu(k, c.in), cu(ig, torch::kFloat), cu(fg, torch::kFloat), cu(m0, torch::kFloat), fw.m,
+        fw.entering, cu(d_kp, c.lo), cu(d_g, torch::kFloat), cu(d_m, torch::kFloat), cu(d_den, torch::kFloat),
+        cu(d_final, torch::kFloat), scale, true);
+    EXPECT_EQ(fw.kp.scalar_type(), c.lo);
+    EXPECT_EQ(bw.dq.scalar_type(), c.in);
+    const double lo_tol = c.lo == torch::kHalf ? 2e-3 : 1e-2;  // one rounding to the 16-bit dtype
+    const double in_tol = c.in == torch::kFloat ? 1e-4 : lo_tol;
+    const std::vector<std::tuple<std::string, torch::Tensor, torch::Tensor, double>> checks = {
+        {"kp", fw.kp, kp, lo_tol},          {"g", fw.g, g, 1e-4},
+        {"m", fw.m, m, 1e-5},               {"den", fw.den, den, 1e-4},
+        {"n_final", fw.n_final, n, 1e-4},   {"dq", bw.dq, leaves[0].grad(), in_tol},
+        {"dk", bw.dk, leaves[1].grad(), in_tol}, {"digate", bw.d_igate, leaves[2].grad(), 1e-4},
+        {"dfgate", bw.d_fgate, leaves[3].grad(), 1e-4}, {"dm0", bw.d_m0, leaves[4].grad(), 1e-4},
+        {"dn0", bw.d_n0, leaves[5].grad(), 1e-4}};
+    std::string line;
+    for (const auto& [name, got, want, tol] : checks) {
+      const double err = rel_err(got, want);
+      EXPECT_LE(err, tol) << name;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
+      line += buf;
+    }
+    std::printf("[cuda-mlstm-normaliser] K=%ld %s:%s\n", static_cast<long>(c.K), c10::toString(c.in), line.c_str());
+  }
+#endif
+}
+
 // ---- (b) the fused decode step ---------------------------------------------------------------------
 
 // One recurrent step (T = 1) with fused kernels on or off.

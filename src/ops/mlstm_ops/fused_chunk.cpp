@@ -7,9 +7,11 @@
 //   h_t  = C_t^T q^_t / (max(|n_t · q^_t|, e^{-m_t}) + eps)
 // The numerator C_t^T q^_t is gla_chunk's (on CUDA with 16-bit inputs the scalar-decay chunk kernels,
 // ops/cuda/chunk_scalar_decay.cu: 16-bit products, fp32 state). The normaliser n_t · q^_t is a signed
-// sum that can cancel, and the kernels' 16-bit products lose it, so it is taken in the compute dtype
-// (fp32; fp64 for fp64 inputs) with autocast off: the intra-chunk row sums of the decayed scores plus
-// the chunk's decayed q^ against n, n carried over the chunks by the decayed scan of detail::state_pass.
+// sum that can cancel, and the kernels' 16-bit products lose it, so it is taken in full precision:
+//   - on CUDA (fused_mlstm_chunk), together with m, g and k', by ops/cuda/mlstm_normaliser.cu in fp32;
+//   - in libtorch (mlstm_as_linear_attention, any device) in the compute dtype with autocast off: the
+//     intra-chunk row sums of the decayed scores plus the chunk's decayed q^ against n, n carried over
+//     the chunks by the decayed scan of detail::state_pass.
 //
 // h is invariant to a common shift of m in everything but eps: with N, D the unstabilised numerator and
 // normaliser, h = N / (max(|D|, 1) + eps e^{m}). So the stabilised parts take m as a constant (no gradient
@@ -72,19 +74,22 @@ std::pair<torch::Tensor, torch::Tensor> normaliser(const torch::Tensor& Q, const
   return {(P.sum(-1) + inter).reshape({B, H, N * C}), pass.final_state.squeeze(-1)};
 }
 
-}  // namespace
+// The parts of the mLSTM around its numerator: the keys k' = e^{i - m} k [B,T,H,K] in the numerator's
+// dtype, the numerator's decay g [B,H,T], the max state m [B,H,T], the normaliser den = n·q^ [B,H,T] and
+// the final n [B,H,K]. m carries its own gradient; inside g and k' it is held constant (m0 excepted).
+struct Parts {
+  torch::Tensor kp, g, m, den, n_final;
+};
 
-MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                      const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
-                                      double scale, double eps, int64_t chunk) {
+// The parts in libtorch, on any device: the max state by the scan over chunks, the normaliser in the
+// compute dtype with autocast off.
+Parts libtorch_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& igate,
+                     const torch::Tensor& fgate, const torch::Tensor& m0, const torch::Tensor& n0, double scale,
+                     int64_t chunk) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), C = chunk;
   const int64_t Tp = round_up(T, C), N = Tp / C;
-  const auto dt = compute_dtype(v);
-  const auto opts = q.options().dtype(dt);
+  const auto dt = m0.scalar_type();
   const double inf = std::numeric_limits<double>::infinity();
-  auto n0 = init.defined() ? init.n.to(dt) : torch::zeros({B, H, K}, opts);
-  auto m0 = init.defined() ? init.m.to(dt) : torch::zeros({B, H}, opts);
-
   auto lf = pad_dim(torch::log_sigmoid(fgate.to(dt)).transpose(1, 2), 2, Tp, 0.0);  // [B,H,Tp]
   auto ig = pad_dim(igate.to(dt).transpose(1, 2), 2, Tp, -inf);                    // [B,H,Tp]
   auto m_grad = max_state(lf, ig, m0, C), m = m_grad.detach();                      // [B,H,Tp]
@@ -92,10 +97,6 @@ MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tenso
   auto m_before = torch::cat({m0.unsqueeze(-1), m.narrow(2, 0, Tp - 1)}, 2);
   auto g = lf + m_before - m;                                                       // <= 0, zero past T
   auto kp = k.to(dt) * (ig - m).narrow(2, 0, T).exp().transpose(1, 2).unsqueeze(-1);  // [B,T,H,K]
-
-  auto num = ops::gla_chunk(q, kp.to(q.scalar_type()), v, g.narrow(2, 0, T).transpose(1, 2),
-                            init.defined() ? init.c : torch::Tensor(), scale, chunk);
-
   torch::Tensor den, n_final;
   {
     compat::AutocastOffGuard full_precision(q.device().type());
@@ -104,15 +105,89 @@ MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tenso
     };
     std::tie(den, n_final) = normaliser(chunked(q) * scale, chunked(kp), g.reshape({B, H, N, C}).cumsum(-1), n0);
   }
-  auto denom = (torch::maximum(den.abs(), (-m).exp()) + eps).narrow(2, 0, T).transpose(1, 2);  // [B,T,H]
-  auto h = num.o.to(dt) / denom.unsqueeze(-1);  // [B,T,H,V]
-  // m's gradient: terms that are zero in value (shift = m - m.detach()).
-  auto shift = m_grad - m;                                                  // [B,H,Tp]
-  h = h - (h * (eps / denom).unsqueeze(-1)).detach() * shift.narrow(2, 0, T).transpose(1, 2).unsqueeze(-1);
-  auto shift_T = shift.select(2, T - 1);  // [B,H]
+  return {kp.to(q.scalar_type()), g.narrow(2, 0, T), m_grad.narrow(2, 0, T), den.narrow(2, 0, T), n_final};
+}
+
+#ifdef LINEARIZE_WITH_CUDA
+using cuda_kernels::present;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The parts through ops/cuda/mlstm_normaliser.cu. Inputs q, k [B,T,H,K] (fp32 or the 16-bit kp_dtype),
+// igate, fgate [B,T,H] fp32, m0 [B,H] fp32, n0 [B,H,K] fp32 or empty; outputs kp, g, m, den, n_final.
+struct GatesNormaliserFunction : public torch::autograd::Function<GatesNormaliserFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
+                               const torch::Tensor& igate, const torch::Tensor& fgate, const torch::Tensor& m0,
+                               const torch::Tensor& n0, double scale, int64_t kp_dtype) {
+    const auto lo = static_cast<torch::ScalarType>(kp_dtype);
+    auto r = cuda_kernels::mlstm_normaliser_forward(q, k, igate, fgate, m0, present(n0), scale, lo);
+    ctx->save_for_backward({q, k, igate, fgate, m0, r.m, r.entering});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["kp_dtype"] = kp_dtype;
+    ctx->saved_data["n0"] = n0.numel() > 0;
+    return {r.kp, r.g, r.m, r.den, r.n_final};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    const auto lo = static_cast<torch::ScalarType>(ctx->saved_data["kp_dtype"].toInt());
+    auto as = [](const torch::Tensor& t, torch::ScalarType dt) {
+      return t.defined() ? t.to(dt).contiguous() : torch::Tensor();
+    };
+    const bool want_d_n0 = ctx->saved_data["n0"].toBool() && ctx->needs_input_grad(5);
+    auto r = cuda_kernels::mlstm_normaliser_backward(
+        s[0], s[1], s[2], s[3], s[4], s[5], s[6], as(grads[0], lo), as(grads[1], torch::kFloat),
+        as(grads[2], torch::kFloat), as(grads[3], torch::kFloat), as(grads[4], torch::kFloat),
+        ctx->saved_data["scale"].toDouble(), want_d_n0);
+    return {r.dq, r.dk, r.d_igate, r.d_fgate, r.d_m0, r.d_n0, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// The parts through the kernels, k' in the 16-bit dtype lo. q and k stay fp32 when they are (autocast):
+// the normaliser then sees them unrounded, as libtorch_parts does.
+Parts kernel_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& igate,
+                   const torch::Tensor& fgate, const torch::Tensor& m0, const torch::Tensor& n0, double scale,
+                   torch::ScalarType lo) {
+  auto gate = [](const torch::Tensor& x) { return x.to(torch::kFloat).contiguous(); };
+  auto rows = [&](const torch::Tensor& x) {
+    return (x.scalar_type() == torch::kFloat || x.scalar_type() == lo ? x : x.to(torch::kFloat)).contiguous();
+  };
+  auto out = GatesNormaliserFunction::apply(rows(q), rows(k), gate(igate), gate(fgate), gate(m0),
+                                            n0.defined() ? gate(n0) : torch::empty({0}, q.options().dtype(torch::kFloat)),
+                                            scale, static_cast<int64_t>(lo));
+  return {out[0], out[1], out[2], out[3], out[4]};
+}
+#endif
+
+// h and the final state from the parts: the numerator through gla_chunk (in k''s dtype), then
+// h = numerator / (max(|den|, e^{-m}) + eps) with m's own gradient added (see the top of this file).
+MlstmResult join(const Parts& p, const torch::Tensor& q, const torch::Tensor& v, const MlstmState& init, double scale,
+                 double eps, int64_t chunk) {
+  const int64_t T = q.size(1);
+  const auto lo = p.kp.scalar_type();
+  auto num = ops::gla_chunk(q.to(lo), p.kp, v.to(lo), p.g.transpose(1, 2), init.defined() ? init.c : torch::Tensor(),
+                            scale, chunk);
+  // m's gradient through terms that are zero in value (shift = m - m.detach()): eps (1 + shift) in the
+  // denominator gives dh/dm = -h eps / denominator; c and n, stabilised by e^{-m_T}, get -c and -n.
+  auto m = p.m.detach(), shift = p.m - m;
+  auto denom = torch::maximum(p.den.abs(), (-m).exp()) + eps * (shift + 1);  // [B,H,T]
+  auto h = num.o.to(p.den.scalar_type()) / denom.transpose(1, 2).unsqueeze(-1);  // [B,T,H,V]
+  auto shift_T = shift.select(2, T - 1);                                          // [B,H]
   auto c = num.state - num.state.detach() * shift_T.unsqueeze(-1).unsqueeze(-1);
-  auto n = n_final - n_final.detach() * shift_T.unsqueeze(-1);
-  return MlstmResult{h.to(v.scalar_type()), {c, n, m_grad.select(2, T - 1)}};
+  auto n = p.n_final - p.n_final.detach() * shift_T.unsqueeze(-1);
+  return MlstmResult{h.to(v.scalar_type()), {c, n, p.m.select(2, T - 1)}};
+}
+
+}  // namespace
+
+MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
+                                      double scale, double eps, int64_t chunk) {
+  const int64_t B = q.size(0), H = q.size(2), K = q.size(3);
+  const auto opts = q.options().dtype(compute_dtype(v));
+  auto n0 = init.defined() ? init.n.to(opts.dtype()) : torch::zeros({B, H, K}, opts);
+  auto m0 = init.defined() ? init.m.to(opts.dtype()) : torch::zeros({B, H}, opts);
+  return join(libtorch_parts(q, k, igate, fgate, m0, n0, scale, chunk), q, v, init, scale, eps, chunk);
 }
 
 std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -120,9 +195,14 @@ std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch
                                              const MlstmState& init, double scale, double eps, int64_t chunk) {
 #ifdef LINEARIZE_WITH_CUDA
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
-  if (!dt || !cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), *dt) || q.size(1) == 0)
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
+  if (!dt || !cuda_kernels::scalar_decay_chunk_supported(K, v.size(3), *dt) ||
+      !cuda_kernels::mlstm_normaliser_supported(K) || T == 0)
     return std::nullopt;
-  return mlstm_as_linear_attention(q, k, v, igate, fgate, init, scale, eps, chunk);
+  const auto f32 = q.options().dtype(torch::kFloat);
+  auto m0 = init.defined() ? init.m : torch::zeros({B, H}, f32);
+  auto n0 = init.defined() ? init.n : torch::Tensor();
+  return join(kernel_parts(q, k, igate, fgate, m0, n0, scale, *dt), q, v, init, scale, eps, chunk);
 #else
   (void)q, (void)k, (void)v, (void)igate, (void)fgate, (void)init, (void)scale, (void)eps, (void)chunk;
   return std::nullopt;

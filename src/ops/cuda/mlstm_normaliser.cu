@@ -1,0 +1,338 @@
+// The mLSTM's gates and normaliser in fp32 (see kernels.h, mlstm_normaliser_forward): everything of the
+// mLSTM's chunked form that mlstm_ops/fused_chunk.cpp does not hand to the scalar-decay chunk kernels.
+//
+// One block per (batch, head) walks the steps in order with one thread per key channel. The normaliser's
+// state is K independent recurrences, n_t[c] = e^{g_t} n_{t-1}[c] + k'_t[c], so the walk exchanges
+// nothing between threads; the sums over the channels (den_t = n_t · scale q_t, and in the backward the
+// gates' gradients) are taken afterwards for a tile of 64 steps at once, from products kept in shared
+// memory. Before each tile, warp 0 takes the tile's gates: m from a warp-wide scan of the maps
+// m -> max(m + log σ(f_t), i_t) (first (α1, β1) then (α2, β2) composes to (α1 + α2, max(β1 + α2, β2))).
+//
+// The backward walks the tiles in reverse. It recomputes a tile's n from the n that entered it (saved
+// every 64 steps by the forward), then carries λ_t = dL/dn_t back:
+//   λ_t   = dden_t scale q_t + e^{g_{t+1}} λ_{t+1}          (after the last step: dL/dn_T)
+//   dk'_t = λ_t + the numerator's gradient of k'_t,  dk_t = e^{i_t - m_t} dk'_t
+//   dq_t  = dden_t scale n_t,  dg_t = e^{g_t} n_{t-1} · λ_t,  dn_0 = e^{g_0} λ_0
+// and warp 0 then turns dg and d(i - m) = dk'·k' into the gates' gradients. In g_t = log σ(f_t) + m_{t-1}
+// - m_t and in k'_t = e^{i_t - m_t} k_t, m is held constant (only m_{-1} = m0 is an input there;
+// mlstm_ops/fused_chunk.cpp adds m's own gradient), and the gradient dm_t of the returned m runs back
+// through the max: to log σ(f_t) and m_{t-1} where the forget branch won, to i_t where the input gate
+// did. That is a reverse scan of the maps x -> [forget won] (x + dm_t), also warp-wide.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "ops/cuda/chunk_tiles.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+constexpr int kTile = 64;  // steps per tile: two halves of 32, one step per lane of warp 0
+constexpr unsigned kAll = 0xffffffffu;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+template <>
+__device__ __forceinline__ float from_float(float x) { return x; }
+
+__device__ __forceinline__ float log_sigmoid(float x) { return fminf(x, 0.f) - log1pf(expf(-fabsf(x))); }
+__device__ __forceinline__ float sigmoid(float x) {
+  const float e = expf(-fabsf(x));
+  return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
+}
+
+// The gate inputs of one step, read by one lane of warp 0 (fp32 [B,T,H], this head's column at `at`).
+struct Gates {
+  float f, lf, ig;  // forget gate pre-activation, log σ(f), input gate
+  bool live;        // the step is before T
+};
+__device__ __forceinline__ Gates read_gates(const float* __restrict__ fg, const float* __restrict__ ig, int t, int T,
+                                            int H) {
+  Gates s;
+  s.live = t < T;
+  s.f = s.live ? fg[static_cast<size_t>(t) * H] : 0.f;
+  s.lf = log_sigmoid(s.f);
+  s.ig = s.live ? ig[static_cast<size_t>(t) * H] : -INFINITY;
+  return s;
+}
+
+// m_t for the 32 steps of a half tile (one per lane), given the max state before them, m_in, which then
+// moves past the half. Past T: the identity map (log f = 0, i = -inf).
+__device__ __forceinline__ float max_state_scan(const Gates& s, float& m_in) {
+  const int lane = threadIdx.x & 31;
+  float a = s.lf, b = s.ig;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float ap = __shfl_up_sync(kAll, a, off), bp = __shfl_up_sync(kAll, b, off);
+    if (lane >= off) b = fmaxf(bp + a, b), a = ap + a;
+  }
+  const float m = fmaxf(m_in + a, b);
+  m_in = __shfl_sync(kAll, m, 31);
+  return m;
+}
+
+// The gradient reaching m_t from the returned m, for the 32 steps of a half tile walked back: c_t = dm_t +
+// (what m_{t+1} passes back), and m_t passes c_t on to m_{t-1} where the forget branch won, nothing
+// where the input gate did. `carry` enters as what reaches the half's last step from after it and leaves
+// as what its first step passes back.
+__device__ __forceinline__ float max_state_gradient(float dm, bool forget_won, bool live, float& carry) {
+  const int lane = threadIdx.x & 31;
+  // The step's map x -> M x + A: [forget won] (x + dm), the identity past T. Suffix composition, the
+  // later steps applied first.
+  float M = !live || forget_won ? 1.f : 0.f, A = live && forget_won ? dm : 0.f;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float Mo = __shfl_down_sync(kAll, M, off), Ao = __shfl_down_sync(kAll, A, off);
+    if (lane + off < 32) A = M * Ao + A, M = M * Mo;
+  }
+  const float through = M * carry + A;               // what this lane's step passes back
+  float after = __shfl_down_sync(kAll, through, 1);  // what reaches it from the next step
+  if (lane == 31) after = carry;
+  carry = __shfl_sync(kAll, through, 0);
+  return after + dm;
+}
+
+// Rows of head (b, h) in [B, T, H, K]: element c of step t at t * H * K.
+template <typename E>
+__device__ __forceinline__ E* head_rows(E* x, int b, int h, int T, int H, int K, int c) {
+  return x == nullptr ? nullptr : x + (static_cast<size_t>(b) * T * H + h) * K + c;
+}
+
+// sum_c x[r][c] for the row r = threadIdx.x of a [kTile][K + 1] tile (rows < len only).
+template <int K>
+__device__ __forceinline__ float row_sum(const float (*x)[K + 1], int r) {
+  float s = 0.f;
+#pragma unroll 16
+  for (int c = 0; c < K; ++c) s += x[r][c];
+  return s;
+}
+
+template <typename In, typename Lo, int K>
+__global__ void __launch_bounds__(K) normaliser_forward_kernel(
+    const In* __restrict__ q, const In* __restrict__ k, const float* __restrict__ ig, const float* __restrict__ fg,
+    const float* __restrict__ m0, const float* __restrict__ n0, Lo* __restrict__ kp, float* __restrict__ g_out,
+    float* __restrict__ m_out, float* __restrict__ den, float* __restrict__ n_final, float* __restrict__ entering,
+    int T, int H, float scale) {
+  __shared__ float decay[kTile], key_factor[kTile];
+  __shared__ float prod[kTile][K + 1];  // n_t[c] q_t[c]
+  const int bh = blockIdx.x, b = bh / H, h = bh % H, c = threadIdx.x;
+  const size_t stride = static_cast<size_t>(H) * K;
+  const In* qh = head_rows(q, b, h, T, H, K, c);
+  const In* kh = head_rows(k, b, h, T, H, K, c);
+  Lo* kph = head_rows(kp, b, h, T, H, K, c);
+  const float* fgh = fg + static_cast<size_t>(b) * T * H + h;
+  const float* igh = ig + static_cast<size_t>(b) * T * H + h;
+  const size_t row = static_cast<size_t>(bh) * T;  // this head's steps in [B, H, T]
+  const int tiles = (T + kTile - 1) / kTile;
+  float n = n0 != nullptr ? n0[static_cast<size_t>(bh) * K + c] : 0.f;
+  float m_in = m0[bh];
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int t0 = tile * kTile, len = min(kTile, T - t0);
+    entering[(static_cast<size_t>(bh) * tiles + tile) * K + c] = n;
+    if (c < 32) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = half * 32 + c, t = t0 + j;
+        const Gates s = read_gates(fgh, igh, t, T, H);
+        float m_prev = m_in;  // lane 0: the last step of the previous half
+        const float m = max_state_scan(s, m_in);
+        const float up = __shfl_up_sync(kAll, m, 1);
+        if (c > 0) m_prev = up;
+        const float g = s.lf + m_prev - m;
+        if (s.live) m_out[row + t] = m, g_out[row + t] = g;
+        decay[j] = s.live ? expf(g) : 1.f;
+        key_factor[j] = s.live ? expf(s.ig - m) : 0.f;
+      }
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int j = 0; j < len; ++j) {
+      const size_t r = static_cast<size_t>(t0 + j) * stride;
+      const float kv = to_float(kh[r]) * key_factor[j];
+      n = decay[j] * n + kv;
+      kph[r] = from_float<Lo>(kv);
+      prod[j][c] = n * to_float(qh[r]);
+    }
+    __syncthreads();
+    if (c < len) den[row + t0 + c] = row_sum<K>(prod, c) * scale;
+    __syncthreads();
+  }
+  n_final[static_cast<size_t>(bh) * K + c] = n;
+}
+
+template <typename In, typename Lo, int K>
+__global__ void __launch_bounds__(K) normaliser_backward_kernel(
+    const In* __restrict__ q, const In* __restrict__ k, const float* __restrict__ ig, const float* __restrict__ fg,
+    const float* __restrict__ m0, const float* __restrict__ m, const float* __restrict__ entering,
+    const Lo* __restrict__ d_kp, const float* __restrict__ d_g, const float* __restrict__ d_m,
+    const float* __restrict__ d_den, const float* __restrict__ d_final, In* __restrict__ dq, In* __restrict__ dk,
+    float* __restrict__ d_ig, float* __restrict__ d_fg, float* __restrict__ d_m0, float* __restrict__ d_n0, int T,
+    int H, float scale) {
+  extern __shared__ float smem[];
+  auto nrow = reinterpret_cast<float(*)[K + 1]>(smem);  // n_t, then e^{g_t} n_{t-1}[c] λ_t[c]
+  auto kprod = nrow + kTile;                             // dk'_t[c] k'_t[c]
+  __shared__ float decay[kTile], key_factor[kTile], dden[kTile], dg_sum[kTile], dlogw_sum[kTile];
+  const int bh = blockIdx.x, b = bh / H, h = bh % H, c = threadIdx.x, lane = c & 31;
+  const size_t stride = static_cast<size_t>(H) * K;
+  const In* qh = head_rows(q, b, h, T, H, K, c);
+  const In* kh = head_rows(k, b, h, T, H, K, c);
+  const Lo* dkph = head_rows(d_kp, b, h, T, H, K, c);
+  In* dqh = head_rows(dq, b, h, T, H, K, c);
+  In* dkh = head_rows(dk, b, h, T, H, K, c);
+  const size_t grow = static_cast<size_t>(b) * T * H + h;  // this head's column of [B, T, H]
+  const size_t row = static_cast<size_t>(bh) * T;          // this head's steps in [B, H, T]
+  const int tiles = (T + kTile - 1) / kTile;
+  float mu = d_final != nullptr ? d_final[static_cast<size_t>(bh) * K + c] : 0.f;  // e^{g_{t+1}} λ_{t+1}
+  float carry = 0.f, d_m0_from_g = 0.f;                                              // warp 0
+  for (int tile = tiles - 1; tile >= 0; --tile) {
+    const int t0 = tile * kTile, len = min(kTile, T - t0);
+    Gates s[2];
+    float m_prev[2], m_t[2];
+    if (c < 32) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int j = half * 32 + lane, t = t0 + j;
+        s[half] = read_gates(fg + grow, ig + grow, t, T, H);
+        m_t[half] = s[half].live ? m[row + t] : 0.f;
+        m_prev[half] = t == 0 ? m0[bh] : s[half].live ? m[row + t - 1] : 0.f;
+        const float g = s[half].lf + m_prev[half] - m_t[half];
+        decay[j] = s[half].live ? expf(g) : 1.f;
+        key_factor[j] = s[half].live ? expf(s[half].ig - m_t[half]) : 0.f;
+        dden[j] = s[half].live && d_den != nullptr ? d_den[row + t] : 0.f;
+      }
+    }
+    __syncthreads();
+    const float n_entering = entering[(static_cast<size_t>(bh) * tiles + tile) * K + c];
+    float n = n_entering;
+#pragma unroll 8
+    for (int j = 0; j < len; ++j) {
+      n = decay[j] * n + to_float(kh[static_cast<size_t>(t0 + j) * stride]) * key_factor[j];
+      nrow[j][c] = n;
+    }
+#pragma unroll 4
+    for (int j = len - 1; j >= 0; --j) {
+      const size_t r = static_cast<size_t>(t0 + j) * stride;
+      const float lambda = dden[j] * scale * to_float(qh[r]) + mu;
+      const float dkp = lambda + (dkph != nullptr ? to_float(dkph[r]) : 0.f);
+      const float n_t = nrow[j][c], n_prev = j > 0 ? nrow[j - 1][c] : n_entering;
+      dkh[r] = from_float<In>(dkp * key_factor[j]);
+      dqh[r] = from_float<In>(dden[j] * scale * n_t);
+      kprod[j][c] = dkp * to_float(kh[r]) * key_factor[j];
+      nrow[j][c] = decay[j] * n_prev * lambda;  // n_t is not read again: step j + 1 came first
+      mu = decay[j] * lambda;
+    }
+    __syncthreads();
+    if (c < len) dg_sum[c] = row_sum<K>(nrow, c), dlogw_sum[c] = row_sum<K>(kprod, c);
+    __syncthreads();
+    if (c < 32) {
+#pragma unroll
+      for (int half = 1; half >= 0; --half) {
+        const int j = half * 32 + lane, t = t0 + j;
+        const bool live = s[half].live;
+        const float dg = live ? dg_sum[j] + (d_g != nullptr ? d_g[row + t] : 0.f) : 0.f;
+        const float dm = live && d_m != nullptr ? d_m[row + t] : 0.f;
+        const bool forget_won = s[half].lf + m_prev[half] >= s[half].ig;
+        const float c_t = max_state_gradient(dm, forget_won, live, carry);
+        if (live) {
+          d_fg[grow + static_cast<size_t>(t) * H] = (dg + (forget_won ? c_t : 0.f)) * sigmoid(-s[half].f);
+          d_ig[grow + static_cast<size_t>(t) * H] = dlogw_sum[j] + (forget_won ? 0.f : c_t);
+        }
+        if (t == 0) d_m0_from_g = dg;  // g_0 = log σ(f_0) + m0 - m_0
+      }
+    }
+    __syncthreads();  // the next tile overwrites the shared rows
+  }
+  if (d_n0 != nullptr) d_n0[static_cast<size_t>(bh) * K + c] = mu;
+  if (c == 0) d_m0[bh] = carry + d_m0_from_g;
+}
+
+// fn(In{}, Lo{}, std::integral_constant<int, K>{}) for the supported input dtype (fp32 or the 16-bit
+// dtype lo), lo and head size K.
+template <typename Fn>
+void dispatch(torch::ScalarType in, torch::ScalarType lo, int64_t K, Fn fn) {
+  TORCH_CHECK(lo == torch::kBFloat16 || lo == torch::kHalf, "mlstm_normaliser: k' must be bf16 or fp16");
+  TORCH_CHECK(in == torch::kFloat || in == lo, "mlstm_normaliser: q and k must be fp32 or k''s dtype");
+  TORCH_CHECK(mlstm_normaliser_supported(K), "mlstm_normaliser: head size ", K, " (expected 64 or 128)");
+  auto with_k = [&](auto in_tag, auto lo_tag) {
+    if (K == 64) fn(in_tag, lo_tag, std::integral_constant<int, 64>{});
+    else fn(in_tag, lo_tag, std::integral_constant<int, 128>{});
+  };
+  dispatch_16bit(lo, [&](auto lo_tag) {
+    if (in == torch::kFloat) with_k(float{}, lo_tag);
+    else with_k(lo_tag, lo_tag);
+  });
+}
+
+int64_t tiles_of(int64_t T) { return (T + kTile - 1) / kTile; }
+
+}  // namespace
+
+bool mlstm_normaliser_supported(int64_t K) { return K == 64 || K == 128; }
+
+MlstmNormaliserForward mlstm_normaliser_forward(const torch::Tensor& q, const torch::Tensor& k,
+                                                const torch::Tensor& igate, const torch::Tensor& fgate,
+                                                const torch::Tensor& m0, const torch::Tensor& n0, double scale,
+                                                torch::ScalarType kp_dtype) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto f32 = q.options().dtype(torch::kFloat);
+  MlstmNormaliserForward r;
+  r.kp = torch::empty({B, T, H, K}, q.options().dtype(kp_dtype));
+  r.g = torch::empty({B, H, T}, f32);
+  r.m = torch::empty({B, H, T}, f32);
+  r.den = torch::empty({B, H, T}, f32);
+  r.n_final = torch::empty({B, H, K}, f32);
+  r.entering = torch::empty({B, H, tiles_of(T), K}, f32);
+  dispatch(q.scalar_type(), kp_dtype, K, [&](auto in_tag, auto lo_tag, auto k_tag) {
+    using In = decltype(in_tag);
+    using Lo = decltype(lo_tag);
+    constexpr int Kc = decltype(k_tag)::value;
+    launch(normaliser_forward_kernel<In, Lo, Kc>, dim3(B * H), dim3(Kc), 0, data_as<const In>(q),
+           data_as<const In>(k), igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(),
+           ptr_or_null(n0), data_as<Lo>(r.kp), r.g.data_ptr<float>(), r.m.data_ptr<float>(), r.den.data_ptr<float>(),
+           r.n_final.data_ptr<float>(), r.entering.data_ptr<float>(), static_cast<int>(T), static_cast<int>(H),
+           static_cast<float>(scale));
+  });
+  return r;
+}
+
+MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const torch::Tensor& k,
+                                               const torch::Tensor& igate, const torch::Tensor& fgate,
+                                               const torch::Tensor& m0, const torch::Tensor& m,
+                                               const torch::Tensor& entering, const torch::Tensor& d_kp,
+                                               const torch::Tensor& d_g, const torch::Tensor& d_m,
+                                               const torch::Tensor& d_den, const torch::Tensor& d_final,
+                                               double scale, bool want_d_n0) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto f32 = q.options().dtype(torch::kFloat);
+  MlstmNormaliserGrads r;
+  r.dq = torch::empty_like(q);
+  r.dk = torch::empty_like(k);
+  r.d_igate = torch::empty({B, T, H}, f32);
+  r.d_fgate = torch::empty({B, T, H}, f32);
+  r.d_m0 = torch::empty({B, H}, f32);
+  if (want_d_n0) r.d_n0 = torch::empty({B, H, K}, f32);
+  const auto lo = d_kp.defined() ? d_kp.scalar_type() : q.scalar_type() == torch::kFloat ? torch::kBFloat16
+                                                                                         : q.scalar_type();
+  dispatch(q.scalar_type(), lo, K, [&](auto in_tag, auto lo_tag, auto k_tag) {
+    using In = decltype(in_tag);
+    using Lo = decltype(lo_tag);
+    constexpr int Kc = decltype(k_tag)::value;
+    const size_t smem = 2 * kTile * (Kc + 1) * sizeof(float);
+    launch(normaliser_backward_kernel<In, Lo, Kc>, dim3(B * H), dim3(Kc), smem, data_as<const In>(q),
+           data_as<const In>(k), igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(),
+           m.data_ptr<float>(), entering.data_ptr<float>(),
+           d_kp.defined() ? data_as<const Lo>(d_kp) : nullptr, ptr_or_null(d_g), ptr_or_null(d_m), ptr_or_null(d_den),
+           ptr_or_null(d_final), data_as<In>(r.dq), data_as<In>(r.dk), r.d_igate.data_ptr<float>(),
+           r.d_fgate.data_ptr<float>(), r.d_m0.data_ptr<float>(), out_or_null(r.d_n0), static_cast<int>(T),
+           static_cast<int>(H), static_cast<float>(scale));
+  });
+  return r;
+}
+
+}  // namespace linearize::ops::cuda_kernels
