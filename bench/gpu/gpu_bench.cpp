@@ -16,6 +16,7 @@
 //
 //   linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]
 //                       [--head-dim D] [--only linear_attention,retnet+,...]  (ops: name+ adds its libtorch-chunks row)
+//                       [--lengths 1024,16384]  (ops: the sequence lengths)
 //
 // --quick runs the smallest sizes only (a check that everything runs). On CPU the sizes are cut down.
 #include <torch/torch.h>
@@ -23,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <initializer_list>
@@ -57,6 +59,7 @@ struct Settings {
   bool shapes_given = false;
   int64_t head_dim = 0;            // ops: 0 = the default (128 on CUDA)
   std::vector<std::string> only;   // ops: run only these kinds; train: only these mixers (empty: all)
+  std::vector<int64_t> lengths;    // ops: the sequence lengths (empty: the defaults)
 };
 
 void sync(const torch::Device& d) {
@@ -132,7 +135,8 @@ void bench_ops(const Settings& s) {
   const bool gpu = s.device.is_cuda();
   const int64_t B = gpu ? 8 : 1, H = gpu ? 32 : 4, D = s.head_dim > 0 ? s.head_dim : gpu ? 128 : 64;
   std::vector<int64_t> Ts = gpu ? std::vector<int64_t>{1024, 2048, 4096, 8192, 16384} : std::vector<int64_t>{512, 1024};
-  if (s.quick) Ts.resize(1);
+  if (!s.lengths.empty()) Ts = s.lengths;
+  else if (s.quick) Ts.resize(1);
   const std::vector<OpKind> all_kinds = {{"linear_attention", 0, 0}, {"retnet", 0, 1},         {"gla", 0, 3},
                                      {"deltanet", 1, 0},         {"gated_deltanet", 1, 2}, {"kda", 1, 3},
                                      {"mlstm", 2, 0},
@@ -444,7 +448,8 @@ void bench_decode(const Settings& s) {
 
 int usage() {
   std::cerr << "usage: linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]\n"
-               "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops, name+ adds its libtorch-chunks row; train: which mixers)\n";
+               "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops, name+ adds its libtorch-chunks row; train: which mixers)\n"
+               "                           [--lengths T,T,...]   (ops: the sequence lengths; default 1k..16k, --quick the first)\n";
   return 2;
 }
 
@@ -473,6 +478,16 @@ int main(int argc, char** argv) {
       for (std::string item; std::getline(ss, item, ',');) s.only.push_back(item);
     } else if (a == "--head-dim" && i + 1 < argc) {
       s.head_dim = std::stoll(argv[++i]);
+    } else if (a == "--lengths" && i + 1 < argc) {
+      std::stringstream ss(argv[++i]);
+      for (std::string item; std::getline(ss, item, ',');) {
+        const int64_t T = std::atoll(item.c_str());
+        if (T <= 0) {
+          std::cerr << "--lengths: expected positive sequence lengths, got '" << item << "'\n";
+          return 2;
+        }
+        s.lengths.push_back(T);
+      }
     } else {
       return usage();
     }

@@ -21,6 +21,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cuda_pipeline.h>
+
 #include <cmath>
 #include <type_traits>
 
@@ -96,13 +98,30 @@ __device__ __forceinline__ float max_state_gradient(float dm, bool forget_won, b
   return after + dm;
 }
 
-// Rows of head (b, h) in [B, T, H, K]: element c of step t at t * H * K.
+// Head (b, h) of x [B, T, H, K]: row t at t * H * K.
 template <typename E>
-__device__ __forceinline__ E* head_rows(E* x, int b, int h, int T, int H, int K, int c) {
-  return x == nullptr ? nullptr : x + (static_cast<size_t>(b) * T * H + h) * K + c;
+__device__ __forceinline__ E* head_of(E* x, int b, int h, int T, int H, int K) {
+  return x == nullptr ? nullptr : x + (static_cast<size_t>(b) * T * H + h) * K;
 }
 
-// sum_c x[r][c] for the row r = threadIdx.x of a [kTile][K + 1] tile (rows < len only).
+// Starts copying rows t0 .. t0+63 of one head (row stride H*K) into shared memory [64][K] unpadded
+// (thread c reads column c, so consecutive threads read consecutive elements), 16 bytes at a time
+// through cp.async, so the copy of the next tile runs while the block walks this one; rows past T, or of
+// an absent tensor, are zeros. The caller commits, and waits before reading.
+template <typename E, int K>
+__device__ __forceinline__ void start_tile_copy(E* dst, const E* __restrict__ x, size_t stride, int t0, int T) {
+  constexpr int kPerRow = K * static_cast<int>(sizeof(E)) / 16, kWords = kTile * kPerRow / K;
+#pragma unroll
+  for (int j = 0; j < kWords; ++j) {
+    const int i = threadIdx.x + j * K, r = i / kPerRow, c = (i % kPerRow) * (16 / static_cast<int>(sizeof(E)));
+    E* d = dst + r * K + c;
+    if (x != nullptr && t0 + r < T) __pipeline_memcpy_async(d, x + (t0 + r) * stride + c, 16);
+    else *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// sum_c x[r][c] for one row of a [kTile][K + 1] tile (threads r < 64 each take a row: with the padding
+// the rows' columns fall in different banks).
 template <int K>
 __device__ __forceinline__ float row_sum(const float (*x)[K + 1], int r) {
   float s = 0.f;
@@ -111,23 +130,47 @@ __device__ __forceinline__ float row_sum(const float (*x)[K + 1], int r) {
   return s;
 }
 
+// Dynamic shared memory of the two kernels (byte offsets; fp32 tiles first, 16-byte aligned). The rows
+// are double-buffered: buffer tile % 2 is read while the next tile's rows land in the other.
+template <typename In, typename Lo, int K>
+struct Smem {
+  static constexpr size_t sums = (size_t{kTile} * (K + 1) * 4 + 15) / 16 * 16;  // one [kTile][K + 1] fp32
+  static constexpr size_t rows_in = size_t{kTile} * K * sizeof(In), rows_lo = size_t{kTile} * K * sizeof(Lo);
+  // forward: prod | 2 x (q | k)        backward: nrow | kprod | 2 x (q | k | dk')
+  static constexpr size_t forward_buffer = 2 * rows_in, backward_buffer = 2 * rows_in + rows_lo;
+  static constexpr size_t forward = sums + 2 * forward_buffer;
+  static constexpr size_t backward = 2 * sums + 2 * backward_buffer;
+};
+
 template <typename In, typename Lo, int K>
 __global__ void __launch_bounds__(K) normaliser_forward_kernel(
     const In* __restrict__ q, const In* __restrict__ k, const float* __restrict__ ig, const float* __restrict__ fg,
     const float* __restrict__ m0, const float* __restrict__ n0, Lo* __restrict__ kp, float* __restrict__ g_out,
     float* __restrict__ m_out, float* __restrict__ den, float* __restrict__ n_final, float* __restrict__ entering,
     int T, int H, float scale) {
+  using L = Smem<In, Lo, K>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto prod = reinterpret_cast<float(*)[K + 1]>(smem);  // n_t[c] q_t[c]
+  auto rows = [&](int tile) { return reinterpret_cast<In*>(smem + L::sums + (tile & 1) * L::forward_buffer); };
   __shared__ float decay[kTile], key_factor[kTile];
-  __shared__ float prod[kTile][K + 1];  // n_t[c] q_t[c]
   const int bh = blockIdx.x, b = bh / H, h = bh % H, c = threadIdx.x;
   const size_t stride = static_cast<size_t>(H) * K;
-  const In* qh = head_rows(q, b, h, T, H, K, c);
-  const In* kh = head_rows(k, b, h, T, H, K, c);
-  Lo* kph = head_rows(kp, b, h, T, H, K, c);
+  const In* qh = head_of(q, b, h, T, H, K);
+  const In* kh = head_of(k, b, h, T, H, K);
+  Lo* kph = head_of(kp, b, h, T, H, K) + c;
   const float* fgh = fg + static_cast<size_t>(b) * T * H + h;
   const float* igh = ig + static_cast<size_t>(b) * T * H + h;
   const size_t row = static_cast<size_t>(bh) * T;  // this head's steps in [B, H, T]
   const int tiles = (T + kTile - 1) / kTile;
+  auto start_copy = [&](int tile) {
+    start_tile_copy<In, K>(rows(tile), qh, stride, tile * kTile, T);
+    start_tile_copy<In, K>(rows(tile) + kTile * K, kh, stride, tile * kTile, T);
+    __pipeline_commit();
+  };
+  start_copy(0);
+  Gates next_gates[2];  // warp 0: the tile's gates, read a tile ahead
+  if (c < 32)
+    for (int half = 0; half < 2; ++half) next_gates[half] = read_gates(fgh, igh, half * 32 + c, T, H);
   float n = n0 != nullptr ? n0[static_cast<size_t>(bh) * K + c] : 0.f;
   float m_in = m0[bh];
   for (int tile = 0; tile < tiles; ++tile) {
@@ -137,8 +180,8 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int j = half * 32 + c, t = t0 + j;
-        const Gates s = read_gates(fgh, igh, t, T, H);
-        float m_prev = m_in;  // lane 0: the last step of the previous half
+        const Gates s = next_gates[half];
+        float m_prev = m_in;  // lane 0: the last step before the half
         const float m = max_state_scan(s, m_in);
         const float up = __shfl_up_sync(kAll, m, 1);
         if (c > 0) m_prev = up;
@@ -146,22 +189,46 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
         if (s.live) m_out[row + t] = m, g_out[row + t] = g;
         decay[j] = s.live ? expf(g) : 1.f;
         key_factor[j] = s.live ? expf(s.ig - m) : 0.f;
+        next_gates[half] = read_gates(fgh, igh, t + kTile, T, H);
       }
     }
-    __syncthreads();
+    __pipeline_wait_prior(0);
+    __syncthreads();  // the tile's rows and gates are in; everyone is past the previous tile
+    if (tile + 1 < tiles) start_copy(tile + 1);
+    const In* sq = rows(tile);
+    const In* sk = sq + kTile * K;
 #pragma unroll 8
     for (int j = 0; j < len; ++j) {
-      const size_t r = static_cast<size_t>(t0 + j) * stride;
-      const float kv = to_float(kh[r]) * key_factor[j];
+      const float kv = to_float(sk[j * K + c]) * key_factor[j];
       n = decay[j] * n + kv;
-      kph[r] = from_float<Lo>(kv);
-      prod[j][c] = n * to_float(qh[r]);
+      kph[static_cast<size_t>(t0 + j) * stride] = from_float<Lo>(kv);
+      prod[j][c] = n * to_float(sq[j * K + c]);
     }
     __syncthreads();
     if (c < len) den[row + t0 + c] = row_sum<K>(prod, c) * scale;
-    __syncthreads();
   }
   n_final[static_cast<size_t>(bh) * K + c] = n;
+}
+
+// What warp 0 reads per step for the backward (lane: one step of a half tile).
+struct StepInputs {
+  Gates s;
+  float m, m_prev, dden, dg, dm;
+};
+__device__ __forceinline__ StepInputs read_step(const float* __restrict__ fg, const float* __restrict__ ig,
+                                                const float* __restrict__ m, float m0, const float* __restrict__ d_den,
+                                                const float* __restrict__ d_g, const float* __restrict__ d_m, int t,
+                                                int T, int H) {
+  StepInputs x;
+  x.s = read_gates(fg, ig, t, T, H);
+  const bool live = x.s.live && t >= 0;
+  x.s.live = live;
+  x.m = live ? m[t] : 0.f;
+  x.m_prev = !live ? 0.f : t == 0 ? m0 : m[t - 1];
+  x.dden = live && d_den != nullptr ? d_den[t] : 0.f;
+  x.dg = live && d_g != nullptr ? d_g[t] : 0.f;
+  x.dm = live && d_m != nullptr ? d_m[t] : 0.f;
+  return x;
 }
 
 template <typename In, typename Lo, int K>
@@ -172,56 +239,79 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
     const float* __restrict__ d_den, const float* __restrict__ d_final, In* __restrict__ dq, In* __restrict__ dk,
     float* __restrict__ d_ig, float* __restrict__ d_fg, float* __restrict__ d_m0, float* __restrict__ d_n0, int T,
     int H, float scale) {
-  extern __shared__ float smem[];
-  auto nrow = reinterpret_cast<float(*)[K + 1]>(smem);  // n_t, then e^{g_t} n_{t-1}[c] λ_t[c]
-  auto kprod = nrow + kTile;                             // dk'_t[c] k'_t[c]
+  using L = Smem<In, Lo, K>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  auto nrow = reinterpret_cast<float(*)[K + 1]>(smem);           // n_t, then e^{g_t} n_{t-1}[c] λ_t[c]
+  auto kprod = reinterpret_cast<float(*)[K + 1]>(smem + L::sums);  // dk'_t[c] k'_t[c]
+  auto rows = [&](int tile) {
+    return reinterpret_cast<In*>(smem + 2 * L::sums + (tile & 1) * L::backward_buffer);
+  };
   __shared__ float decay[kTile], key_factor[kTile], dden[kTile], dg_sum[kTile], dlogw_sum[kTile];
   const int bh = blockIdx.x, b = bh / H, h = bh % H, c = threadIdx.x, lane = c & 31;
   const size_t stride = static_cast<size_t>(H) * K;
-  const In* qh = head_rows(q, b, h, T, H, K, c);
-  const In* kh = head_rows(k, b, h, T, H, K, c);
-  const Lo* dkph = head_rows(d_kp, b, h, T, H, K, c);
-  In* dqh = head_rows(dq, b, h, T, H, K, c);
-  In* dkh = head_rows(dk, b, h, T, H, K, c);
+  const In* qh = head_of(q, b, h, T, H, K);
+  const In* kh = head_of(k, b, h, T, H, K);
+  const Lo* dkph = head_of(d_kp, b, h, T, H, K);
+  In* dqh = head_of(dq, b, h, T, H, K) + c;
+  In* dkh = head_of(dk, b, h, T, H, K) + c;
   const size_t grow = static_cast<size_t>(b) * T * H + h;  // this head's column of [B, T, H]
   const size_t row = static_cast<size_t>(bh) * T;          // this head's steps in [B, H, T]
+  const float* mh = m + row;
+  const float* dgh = d_g == nullptr ? nullptr : d_g + row;
+  const float* dmh = d_m == nullptr ? nullptr : d_m + row;
+  const float* ddh = d_den == nullptr ? nullptr : d_den + row;
   const int tiles = (T + kTile - 1) / kTile;
   float mu = d_final != nullptr ? d_final[static_cast<size_t>(bh) * K + c] : 0.f;  // e^{g_{t+1}} λ_{t+1}
   float carry = 0.f, d_m0_from_g = 0.f;                                              // warp 0
+  StepInputs next_step[2];  // warp 0: the tile's step inputs, read a tile ahead
+  auto start_copy = [&](int tile) {
+    In* dst = rows(tile);
+    start_tile_copy<In, K>(dst, qh, stride, tile * kTile, T);
+    start_tile_copy<In, K>(dst + kTile * K, kh, stride, tile * kTile, T);
+    start_tile_copy<Lo, K>(reinterpret_cast<Lo*>(dst + 2 * kTile * K), dkph, stride, tile * kTile, T);
+    __pipeline_commit();
+    if (c < 32)
+      for (int half = 0; half < 2; ++half)
+        next_step[half] = read_step(fg + grow, ig + grow, mh, m0[bh], ddh, dgh, dmh, tile * kTile + half * 32 + c,
+                                    T, H);
+  };
+  start_copy(tiles - 1);
   for (int tile = tiles - 1; tile >= 0; --tile) {
     const int t0 = tile * kTile, len = min(kTile, T - t0);
-    Gates s[2];
-    float m_prev[2], m_t[2];
+    StepInputs x[2];
     if (c < 32) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int j = half * 32 + lane, t = t0 + j;
-        s[half] = read_gates(fg + grow, ig + grow, t, T, H);
-        m_t[half] = s[half].live ? m[row + t] : 0.f;
-        m_prev[half] = t == 0 ? m0[bh] : s[half].live ? m[row + t - 1] : 0.f;
-        const float g = s[half].lf + m_prev[half] - m_t[half];
-        decay[j] = s[half].live ? expf(g) : 1.f;
-        key_factor[j] = s[half].live ? expf(s[half].ig - m_t[half]) : 0.f;
-        dden[j] = s[half].live && d_den != nullptr ? d_den[row + t] : 0.f;
+        x[half] = next_step[half];
+        const int j = half * 32 + lane;
+        const float g = x[half].s.lf + x[half].m_prev - x[half].m;
+        decay[j] = x[half].s.live ? expf(g) : 1.f;
+        key_factor[j] = x[half].s.live ? expf(x[half].s.ig - x[half].m) : 0.f;
+        dden[j] = x[half].dden;
       }
     }
-    __syncthreads();
+    __pipeline_wait_prior(0);
+    __syncthreads();  // the tile's rows and gates are in; everyone is past the previous tile
+    if (tile > 0) start_copy(tile - 1);
+    const In* sq = rows(tile);
+    const In* sk = sq + kTile * K;
+    const Lo* sdkp = reinterpret_cast<const Lo*>(sk + kTile * K);
     const float n_entering = entering[(static_cast<size_t>(bh) * tiles + tile) * K + c];
     float n = n_entering;
 #pragma unroll 8
     for (int j = 0; j < len; ++j) {
-      n = decay[j] * n + to_float(kh[static_cast<size_t>(t0 + j) * stride]) * key_factor[j];
+      n = decay[j] * n + to_float(sk[j * K + c]) * key_factor[j];
       nrow[j][c] = n;
     }
 #pragma unroll 4
     for (int j = len - 1; j >= 0; --j) {
       const size_t r = static_cast<size_t>(t0 + j) * stride;
-      const float lambda = dden[j] * scale * to_float(qh[r]) + mu;
-      const float dkp = lambda + (dkph != nullptr ? to_float(dkph[r]) : 0.f);
+      const float lambda = dden[j] * scale * to_float(sq[j * K + c]) + mu;
+      const float dkp = lambda + to_float(sdkp[j * K + c]);
       const float n_t = nrow[j][c], n_prev = j > 0 ? nrow[j - 1][c] : n_entering;
       dkh[r] = from_float<In>(dkp * key_factor[j]);
       dqh[r] = from_float<In>(dden[j] * scale * n_t);
-      kprod[j][c] = dkp * to_float(kh[r]) * key_factor[j];
+      kprod[j][c] = dkp * to_float(sk[j * K + c]) * key_factor[j];
       nrow[j][c] = decay[j] * n_prev * lambda;  // n_t is not read again: step j + 1 came first
       mu = decay[j] * lambda;
     }
@@ -231,23 +321,82 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
     if (c < 32) {
 #pragma unroll
       for (int half = 1; half >= 0; --half) {
+        const StepInputs& s = x[half];
         const int j = half * 32 + lane, t = t0 + j;
-        const bool live = s[half].live;
-        const float dg = live ? dg_sum[j] + (d_g != nullptr ? d_g[row + t] : 0.f) : 0.f;
-        const float dm = live && d_m != nullptr ? d_m[row + t] : 0.f;
-        const bool forget_won = s[half].lf + m_prev[half] >= s[half].ig;
-        const float c_t = max_state_gradient(dm, forget_won, live, carry);
+        const bool live = s.s.live;
+        const float dg = live ? dg_sum[j] + s.dg : 0.f;
+        const bool forget_won = s.s.lf + s.m_prev >= s.s.ig;
+        const float c_t = max_state_gradient(s.dm, forget_won, live, carry);
         if (live) {
-          d_fg[grow + static_cast<size_t>(t) * H] = (dg + (forget_won ? c_t : 0.f)) * sigmoid(-s[half].f);
+          d_fg[grow + static_cast<size_t>(t) * H] = (dg + (forget_won ? c_t : 0.f)) * sigmoid(-s.s.f);
           d_ig[grow + static_cast<size_t>(t) * H] = dlogw_sum[j] + (forget_won ? 0.f : c_t);
         }
         if (t == 0) d_m0_from_g = dg;  // g_0 = log σ(f_0) + m0 - m_0
       }
     }
-    __syncthreads();  // the next tile overwrites the shared rows
   }
   if (d_n0 != nullptr) d_n0[static_cast<size_t>(bh) * K + c] = mu;
   if (c == 0) d_m0[bh] = carry + d_m0_from_g;
+}
+
+// Eight consecutive values of an fp32 or 16-bit row <-> floats (16 or 32 bytes).
+template <typename E>
+__device__ __forceinline__ void load8_as_float(const E* src, float (&f)[8]) {
+  if constexpr (std::is_same_v<E, float>) load8(src, f);
+  else unpack8<E>(*reinterpret_cast<const uint4*>(src), f);
+}
+template <typename E>
+__device__ __forceinline__ void store8_from_float(E* dst, const float (&f)[8]) {
+  if constexpr (std::is_same_v<E, float>) {
+    reinterpret_cast<float4*>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
+    reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
+  } else {
+    *reinterpret_cast<uint4*>(dst) = pack8<E>(f);
+  }
+}
+
+// The denominator of row r = (b, t, h) of [B,T,H,V] in denom [B,H,T].
+__device__ __forceinline__ int64_t denom_index(int64_t r, int T, int H) {
+  const int64_t h = r % H, t = (r / H) % T, b = r / (static_cast<int64_t>(H) * T);
+  return (b * H + h) * T + t;
+}
+
+// h = o / denom row by row: o [B,T,H,V] 16-bit, denom [B,H,T] fp32, h in Out. Each thread takes eight
+// consecutive values of a row, V / 8 consecutive threads a row.
+template <typename Lo, typename Out>
+__global__ void divide_rows_forward_kernel(const Lo* __restrict__ o, const float* __restrict__ denom,
+                                           Out* __restrict__ out, int64_t rows, int T, int H, int V) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, r = i / (V / 8);
+  if (r >= rows) return;
+  const int64_t at = r * V + (i % (V / 8)) * 8;
+  const float inv = 1.f / denom[denom_index(r, T, H)];
+  float f[8];
+  load8_as_float(o + at, f);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) f[j] *= inv;
+  store8_from_float(out + at, f);
+}
+
+// Its backward: d_o = dh / denom (o's dtype), d_denom = -Σ_v dh o / denom² ([B,H,T] fp32), the sum over
+// the V / 8 threads of a row (V / 8 a power of two, so a row's threads are a shuffle group).
+template <typename Lo, typename Out>
+__global__ void divide_rows_backward_kernel(const Lo* __restrict__ o, const float* __restrict__ denom,
+                                            const Out* __restrict__ dh, Lo* __restrict__ d_o,
+                                            float* __restrict__ d_denom, int64_t rows, int T, int H, int V) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, r = i / (V / 8);
+  const bool live = r < rows;  // every lane takes part in the shuffles
+  const int64_t at = live ? r * V + (i % (V / 8)) * 8 : 0, d_at = live ? denom_index(r, T, H) : 0;
+  float g[8] = {}, x[8] = {}, dot = 0.f;
+  const float inv = live ? 1.f / denom[d_at] : 0.f;
+  if (live) {
+    load8_as_float(dh + at, g);
+    load8_as_float(o + at, x);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) dot += g[j] * x[j], g[j] *= inv;
+  if (live) store8_from_float(d_o + at, g);
+  for (int off = V / 16; off > 0; off >>= 1) dot += __shfl_xor_sync(kAll, dot, off);
+  if (live && i % (V / 8) == 0) d_denom[d_at] = -dot * inv * inv;
 }
 
 // fn(In{}, Lo{}, std::integral_constant<int, K>{}) for the supported input dtype (fp32 or the 16-bit
@@ -291,11 +440,11 @@ MlstmNormaliserForward mlstm_normaliser_forward(const torch::Tensor& q, const to
     using In = decltype(in_tag);
     using Lo = decltype(lo_tag);
     constexpr int Kc = decltype(k_tag)::value;
-    launch(normaliser_forward_kernel<In, Lo, Kc>, dim3(B * H), dim3(Kc), 0, data_as<const In>(q),
-           data_as<const In>(k), igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(),
-           ptr_or_null(n0), data_as<Lo>(r.kp), r.g.data_ptr<float>(), r.m.data_ptr<float>(), r.den.data_ptr<float>(),
-           r.n_final.data_ptr<float>(), r.entering.data_ptr<float>(), static_cast<int>(T), static_cast<int>(H),
-           static_cast<float>(scale));
+    launch(normaliser_forward_kernel<In, Lo, Kc>, dim3(B * H), dim3(Kc), Smem<In, Lo, Kc>::forward,
+           data_as<const In>(q), data_as<const In>(k), igate.data_ptr<float>(), fgate.data_ptr<float>(),
+           m0.data_ptr<float>(), ptr_or_null(n0), data_as<Lo>(r.kp), r.g.data_ptr<float>(), r.m.data_ptr<float>(),
+           r.den.data_ptr<float>(), r.n_final.data_ptr<float>(), r.entering.data_ptr<float>(), static_cast<int>(T),
+           static_cast<int>(H), static_cast<float>(scale));
   });
   return r;
 }
@@ -323,8 +472,8 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
     using In = decltype(in_tag);
     using Lo = decltype(lo_tag);
     constexpr int Kc = decltype(k_tag)::value;
-    const size_t smem = 2 * kTile * (Kc + 1) * sizeof(float);
-    launch(normaliser_backward_kernel<In, Lo, Kc>, dim3(B * H), dim3(Kc), smem, data_as<const In>(q),
+    launch(normaliser_backward_kernel<In, Lo, Kc>, dim3(B * H), dim3(Kc), Smem<In, Lo, Kc>::backward,
+           data_as<const In>(q),
            data_as<const In>(k), igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(),
            m.data_ptr<float>(), entering.data_ptr<float>(),
            d_kp.defined() ? data_as<const Lo>(d_kp) : nullptr, ptr_or_null(d_g), ptr_or_null(d_m), ptr_or_null(d_den),
@@ -333,6 +482,57 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
            static_cast<int>(H), static_cast<float>(scale));
   });
   return r;
+}
+
+namespace {
+
+// fn(Lo{}, Out{}) for o's 16-bit dtype and h's dtype (fp32 or o's), value size V = 64 or 128.
+template <typename Fn>
+void dispatch_rows(torch::ScalarType lo, torch::ScalarType out, int64_t V, Fn fn) {
+  TORCH_CHECK(lo == torch::kBFloat16 || lo == torch::kHalf, "divide_rows: o must be bf16 or fp16");
+  TORCH_CHECK(out == torch::kFloat || out == lo, "divide_rows: h must be fp32 or o's dtype");
+  TORCH_CHECK(V == 64 || V == 128, "divide_rows: value size ", V, " (expected 64 or 128)");
+  dispatch_16bit(lo, [&](auto lo_tag) {
+    if (out == torch::kFloat) fn(lo_tag, float{});
+    else fn(lo_tag, lo_tag);
+  });
+}
+
+constexpr int kRowThreads = 256;
+
+}  // namespace
+
+torch::Tensor divide_rows_forward(const torch::Tensor& o, const torch::Tensor& denom, torch::ScalarType out_dtype) {
+  const int64_t B = o.size(0), T = o.size(1), H = o.size(2), V = o.size(3), rows = B * T * H;
+  const c10::cuda::CUDAGuard guard(o.device());
+  auto h = torch::empty(o.sizes(), o.options().dtype(out_dtype));
+  if (rows == 0) return h;
+  dispatch_rows(o.scalar_type(), out_dtype, V, [&](auto lo_tag, auto out_tag) {
+    using Lo = decltype(lo_tag);
+    using Out = decltype(out_tag);
+    launch(divide_rows_forward_kernel<Lo, Out>, dim3((rows * V / 8 + kRowThreads - 1) / kRowThreads),
+           dim3(kRowThreads), 0, data_as<const Lo>(o), denom.data_ptr<float>(), data_as<Out>(h), rows,
+           static_cast<int>(T), static_cast<int>(H), static_cast<int>(V));
+  });
+  return h;
+}
+
+std::pair<torch::Tensor, torch::Tensor> divide_rows_backward(const torch::Tensor& o, const torch::Tensor& denom,
+                                                             const torch::Tensor& dh) {
+  const int64_t B = o.size(0), T = o.size(1), H = o.size(2), V = o.size(3), rows = B * T * H;
+  const c10::cuda::CUDAGuard guard(o.device());
+  auto d_o = torch::empty_like(o);
+  auto d_denom = torch::empty({B, H, T}, o.options().dtype(torch::kFloat));
+  if (rows == 0) return {d_o, d_denom};
+  dispatch_rows(o.scalar_type(), dh.scalar_type(), V, [&](auto lo_tag, auto out_tag) {
+    using Lo = decltype(lo_tag);
+    using Out = decltype(out_tag);
+    launch(divide_rows_backward_kernel<Lo, Out>, dim3((rows * V / 8 + kRowThreads - 1) / kRowThreads),
+           dim3(kRowThreads), 0, data_as<const Lo>(o), denom.data_ptr<float>(), data_as<const Out>(dh),
+           data_as<Lo>(d_o), d_denom.data_ptr<float>(), rows, static_cast<int>(T), static_cast<int>(H),
+           static_cast<int>(V));
+  });
+  return {d_o, d_denom};
 }
 
 }  // namespace linearize::ops::cuda_kernels

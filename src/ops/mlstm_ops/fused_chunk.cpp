@@ -136,10 +136,26 @@ struct GatesNormaliserFunction : public torch::autograd::Function<GatesNormalise
     };
     const bool want_d_n0 = ctx->saved_data["n0"].toBool() && ctx->needs_input_grad(5);
     auto r = cuda_kernels::mlstm_normaliser_backward(
-        s[0], s[1], s[2], s[3], s[4], s[5], s[6], as(grads[0], lo), as(grads[1], torch::kFloat),
-        as(grads[2], torch::kFloat), as(grads[3], torch::kFloat), as(grads[4], torch::kFloat),
-        ctx->saved_data["scale"].toDouble(), want_d_n0);
+        s[0], s[1], s[2], s[3], s[4], s[5], s[6], grads[0].defined() ? aligned_rows(grads[0].to(lo)) : grads[0],
+        as(grads[1], torch::kFloat), as(grads[2], torch::kFloat), as(grads[3], torch::kFloat),
+        as(grads[4], torch::kFloat), ctx->saved_data["scale"].toDouble(), want_d_n0);
     return {r.dq, r.dk, r.d_igate, r.d_fgate, r.d_m0, r.d_n0, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// h = o / denom through ops/cuda/mlstm_normaliser.cu: o [B,T,H,V] 16-bit, denom [B,H,T] fp32, h in
+// out_dtype, with no fp32 copy of o on the way.
+struct DivideRowsFunction : public torch::autograd::Function<DivideRowsFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& o, const torch::Tensor& denom,
+                               int64_t out_dtype) {
+    ctx->save_for_backward({o, denom});
+    return cuda_kernels::divide_rows_forward(o, denom, static_cast<torch::ScalarType>(out_dtype));
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const auto s = ctx->get_saved_variables();
+    auto [d_o, d_denom] = cuda_kernels::divide_rows_backward(s[0], s[1], grads[0].contiguous());
+    return {d_o, d_denom, torch::Tensor()};
   }
 };
 
@@ -150,19 +166,20 @@ Parts kernel_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::
                    torch::ScalarType lo) {
   auto gate = [](const torch::Tensor& x) { return x.to(torch::kFloat).contiguous(); };
   auto rows = [&](const torch::Tensor& x) {
-    return (x.scalar_type() == torch::kFloat || x.scalar_type() == lo ? x : x.to(torch::kFloat)).contiguous();
+    return aligned_rows(x.scalar_type() == torch::kFloat || x.scalar_type() == lo ? x : x.to(torch::kFloat));
   };
+  auto none = torch::empty({0}, q.options().dtype(torch::kFloat));
   auto out = GatesNormaliserFunction::apply(rows(q), rows(k), gate(igate), gate(fgate), gate(m0),
-                                            n0.defined() ? gate(n0) : torch::empty({0}, q.options().dtype(torch::kFloat)),
-                                            scale, static_cast<int64_t>(lo));
+                                            n0.defined() ? gate(n0) : none, scale, static_cast<int64_t>(lo));
   return {out[0], out[1], out[2], out[3], out[4]};
 }
 #endif
 
 // h and the final state from the parts: the numerator through gla_chunk (in k''s dtype), then
-// h = numerator / (max(|den|, e^{-m}) + eps) with m's own gradient added (see the top of this file).
+// h = numerator / (max(|den|, e^{-m}) + eps) with m's own gradient added (see the top of this file), the
+// division by DivideRowsFunction when `kernels`.
 MlstmResult join(const Parts& p, const torch::Tensor& q, const torch::Tensor& v, const MlstmState& init, double scale,
-                 double eps, int64_t chunk) {
+                 double eps, int64_t chunk, bool kernels) {
   const int64_t T = q.size(1);
   const auto lo = p.kp.scalar_type();
   auto num = ops::gla_chunk(q.to(lo), p.kp, v.to(lo), p.g.transpose(1, 2), init.defined() ? init.c : torch::Tensor(),
@@ -171,7 +188,12 @@ MlstmResult join(const Parts& p, const torch::Tensor& q, const torch::Tensor& v,
   // denominator gives dh/dm = -h eps / denominator; c and n, stabilised by e^{-m_T}, get -c and -n.
   auto m = p.m.detach(), shift = p.m - m;
   auto denom = torch::maximum(p.den.abs(), (-m).exp()) + eps * (shift + 1);  // [B,H,T]
-  auto h = num.o.to(p.den.scalar_type()) / denom.transpose(1, 2).unsqueeze(-1);  // [B,T,H,V]
+  torch::Tensor h;  // [B,T,H,V]
+#ifdef LINEARIZE_WITH_CUDA
+  if (kernels)
+    h = DivideRowsFunction::apply(aligned_rows(num.o), denom.contiguous(), static_cast<int64_t>(v.scalar_type()));
+#endif
+  if (!h.defined()) h = num.o.to(p.den.scalar_type()) / denom.transpose(1, 2).unsqueeze(-1);
   auto shift_T = shift.select(2, T - 1);                                          // [B,H]
   auto c = num.state - num.state.detach() * shift_T.unsqueeze(-1).unsqueeze(-1);
   auto n = p.n_final - p.n_final.detach() * shift_T.unsqueeze(-1);
@@ -187,7 +209,7 @@ MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tenso
   const auto opts = q.options().dtype(compute_dtype(v));
   auto n0 = init.defined() ? init.n.to(opts.dtype()) : torch::zeros({B, H, K}, opts);
   auto m0 = init.defined() ? init.m.to(opts.dtype()) : torch::zeros({B, H}, opts);
-  return join(libtorch_parts(q, k, igate, fgate, m0, n0, scale, chunk), q, v, init, scale, eps, chunk);
+  return join(libtorch_parts(q, k, igate, fgate, m0, n0, scale, chunk), q, v, init, scale, eps, chunk, false);
 }
 
 std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -202,7 +224,7 @@ std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch
   const auto f32 = q.options().dtype(torch::kFloat);
   auto m0 = init.defined() ? init.m : torch::zeros({B, H}, f32);
   auto n0 = init.defined() ? init.n : torch::Tensor();
-  return join(kernel_parts(q, k, igate, fgate, m0, n0, scale, *dt), q, v, init, scale, eps, chunk);
+  return join(kernel_parts(q, k, igate, fgate, m0, n0, scale, *dt), q, v, init, scale, eps, chunk, true);
 #else
   (void)q, (void)k, (void)v, (void)igate, (void)fgate, (void)init, (void)scale, (void)eps, (void)chunk;
   return std::nullopt;
