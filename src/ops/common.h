@@ -128,18 +128,19 @@ std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, co
                                                       const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
                                                       double scale, int64_t chunk);
 
-// The chunked form of family C (mLSTM) through the fused scalar-decay kernels of family A, with the
-// normaliser in fp32 (mlstm_as_linear_attention), when they apply: as fused_scalar_decay_chunk (K = V =
-// 64 or 128) and T > 0. Otherwise nothing, and mlstm_chunk runs its libtorch form. Differentiable in q,
-// k, v, the gates and the initial state.
+// The chunked form of family C (mLSTM) through the fused scalar-decay kernels of family A (the
+// numerator), with the max state, the gates and the normaliser in fp32 by ops/cuda/mlstm_normaliser.cu
+// (the math of mlstm_as_linear_attention), when they apply: as fused_scalar_decay_chunk (K = V = 64 or
+// 128) and T > 0. Otherwise nothing, and mlstm_chunk runs its libtorch form. Differentiable in q, k, v,
+// the gates and the initial state.
 std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                              const torch::Tensor& igate, const torch::Tensor& fgate,
                                              const MlstmState& init, double scale, double eps, int64_t chunk);
 
 // mlstm_chunk's result as linear attention with a scalar decay (mlstm_ops/fused_chunk.cpp): the max state
 // m_t first (from the gates alone), then the numerator through gla_chunk with decay log f_t + m_{t-1} - m_t
-// and keys e^{i_t - m_t} k_t, the normaliser in the compute dtype with autocast off. T > 0. What
-// fused_mlstm_chunk runs; on CPU the same math through gla_chunk's libtorch form (tests).
+// and keys e^{i_t - m_t} k_t, the normaliser in the compute dtype with autocast off. T > 0. The same math
+// as fused_mlstm_chunk, here all in libtorch (gla_chunk's libtorch form on CPU; the tests use it).
 MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
                                       double scale, double eps, int64_t chunk);
