@@ -445,23 +445,28 @@ TEST(CudaOps, FusedMlstmChunkMatchesFp32) {
   }
 }
 
-// The mLSTM's gates and normaliser kernel (ops/cuda/mlstm_normaliser.cu) against a step-by-step
-// recurrence in fp64 with the kernel's gradient convention (m held constant inside g and k', m0
+// The mLSTM's gates and normaliser kernels (ops/cuda/mlstm_normaliser.cu) against a step-by-step
+// recurrence in fp64 with the kernels' gradient convention (m held constant inside g and k', m0
 // excepted): every output and, for a random weighting of all five outputs, the gradient of every input.
-// T = 333 (a partial last tile of 64), q and k in fp32 (k' in bf16) or in the 16-bit dtype, head size 64
-// and 128, input gates that move the max state often.
+// q and k in fp32 (k' in bf16) or in the 16-bit dtype, head size 64 and 128, input gates that move the
+// max state often. The walks split the steps into segments by the number of heads: T = 333 over 6
+// heads gives one tile per segment (a partial last tile), 400 over 512 heads two tiles per segment and
+// a shorter last one, 50 one segment of one partial tile.
 TEST(CudaOps, MlstmNormaliserKernelMatchesRecurrenceFp64) {
   REQUIRE_CUDA();
 #ifdef LINEARIZE_WITH_CUDA
-  const int64_t B = 2, T = 333, H = 3;
   struct Case {
-    int64_t K;
+    int64_t B, H, T, K;
     torch::ScalarType in, lo;
   };
-  for (const Case c : {Case{64, torch::kFloat, torch::kBFloat16}, Case{128, torch::kFloat, torch::kBFloat16},
-                       Case{64, torch::kBFloat16, torch::kBFloat16}, Case{64, torch::kHalf, torch::kHalf}}) {
-    SCOPED_TRACE("K=" + std::to_string(c.K) + " in=" + std::string(c10::toString(c.in)));
-    torch::manual_seed(40 + c.K);
+  const auto f32 = torch::kFloat, bf16 = torch::kBFloat16;
+  for (const Case c : {Case{2, 3, 333, 64, f32, bf16}, Case{2, 3, 333, 128, f32, bf16}, Case{2, 3, 333, 64, bf16, bf16},
+                       Case{2, 3, 333, 64, torch::kHalf, torch::kHalf}, Case{16, 32, 400, 64, f32, bf16},
+                       Case{2, 3, 50, 64, f32, bf16}}) {
+    const int64_t B = c.B, H = c.H, T = c.T;
+    SCOPED_TRACE("B*H=" + std::to_string(B * H) + " T=" + std::to_string(T) + " K=" + std::to_string(c.K) +
+                 " in=" + std::string(c10::toString(c.in)));
+    torch::manual_seed(40 + c.K + T);
     const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
     auto q = torch::randn({B, T, H, c.K}, f64).to(c.in).to(torch::kDouble);  // representable in c.in
     auto k = torch::randn({B, T, H, c.K}, f64).to(c.in).to(torch::kDouble);
@@ -499,8 +504,8 @@ TEST(CudaOps, MlstmNormaliserKernelMatchesRecurrenceFp64) {
                                                           cu(fg, torch::kFloat), cu(m0, torch::kFloat),
                                                           cu(n0, torch::kFloat), scale, c.lo);
     auto bw = ops::cuda_kernels::mlstm_normaliser_backward(
-        cu(q, c.in), cu(k, c.in), cu(ig, torch::kFloat), cu(fg, torch::kFloat), cu(m0, torch::kFloat), fw.m,
-        fw.entering, cu(d_kp, c.lo), cu(d_g, torch::kFloat), cu(d_m, torch::kFloat), cu(d_den, torch::kFloat),
+        cu(q, c.in), cu(k, c.in), cu(ig, torch::kFloat), cu(fg, torch::kFloat), cu(m0, torch::kFloat), fw,
+        cu(d_kp, c.lo), cu(d_g, torch::kFloat), cu(d_m, torch::kFloat), cu(d_den, torch::kFloat),
         cu(d_final, torch::kFloat), scale, true);
     EXPECT_EQ(fw.kp.scalar_type(), c.lo);
     EXPECT_EQ(bw.dq.scalar_type(), c.in);
@@ -521,7 +526,8 @@ TEST(CudaOps, MlstmNormaliserKernelMatchesRecurrenceFp64) {
       std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
       line += buf;
     }
-    std::printf("[cuda-mlstm-normaliser] K=%ld %s:%s\n", static_cast<long>(c.K), c10::toString(c.in), line.c_str());
+    std::printf("[cuda-mlstm-normaliser] B*H=%ld T=%ld K=%ld %s:%s\n", static_cast<long>(B * H), static_cast<long>(T),
+                static_cast<long>(c.K), c10::toString(c.in), line.c_str());
   }
 #endif
 }

@@ -1,20 +1,26 @@
 // The mLSTM's gates and normaliser in fp32 (see kernels.h, mlstm_normaliser_forward): everything of the
-// mLSTM's chunked form that mlstm_ops/fused_chunk.cpp does not hand to the scalar-decay chunk kernels.
+// mLSTM's chunked form that mlstm_ops/fused_chunk.cpp does not hand to the scalar-decay chunk kernels,
+// and the division of its numerator by the denominator.
 //
-// One block per (batch, head) walks the steps in order with one thread per key channel. The normaliser's
-// state is K independent recurrences, n_t[c] = e^{g_t} n_{t-1}[c] + k'_t[c], so the walk exchanges
-// nothing between threads; the sums over the channels (den_t = n_t · scale q_t, and in the backward the
-// gates' gradients) are taken afterwards for a tile of 64 steps at once, from products kept in shared
-// memory. Before each tile, warp 0 takes the tile's gates: m from a warp-wide scan of the maps
-// m -> max(m + log σ(f_t), i_t) (first (α1, β1) then (α2, β2) composes to (α1 + α2, max(β1 + α2, β2))).
+// The gates come first, one warp per (batch, head) walking the steps 32 at a time: m from a warp-wide
+// scan of the maps m -> max(m + log σ(f_t), i_t) (first (α1, β1) then (α2, β2) composes to
+// (α1 + α2, max(β1 + α2, β2))), then g_t = log σ(f_t) + m_{t-1} - m_t and w_t = e^{i_t - m_t}.
 //
-// The backward walks the tiles in reverse. It recomputes a tile's n from the n that entered it (saved
-// every 64 steps by the forward), then carries λ_t = dL/dn_t back:
+// The normaliser's state is K independent recurrences, n_t[c] = e^{g_t} n_{t-1}[c] + w_t k_t[c], so its
+// walk has one thread per key channel and exchanges nothing between threads; the sums over the channels
+// (den_t = n_t · scale q_t, and in the backward the gates' gradients) are taken per tile of 64 steps, from
+// products kept in shared memory. One (batch, head) alone would leave the walk with two warps and its
+// latency in full, so the steps are split into segments, a block each: a first pass walks every
+// segment from zero (segment_walk_kernel), and the main walk starts each segment from n0 carried over
+// the segments before it, n_in(s + 1) = e^{Σ_s g} n_in(s) + (segment s from zero).
+//
+// The backward walks the same segments in reverse. It recomputes a tile's n from the n that entered it
+// (saved every 64 steps by the forward), then carries λ_t = dL/dn_t back:
 //   λ_t   = dden_t scale q_t + e^{g_{t+1}} λ_{t+1}          (after the last step: dL/dn_T)
-//   dk'_t = λ_t + the numerator's gradient of k'_t,  dk_t = e^{i_t - m_t} dk'_t
+//   dk'_t = λ_t + the numerator's gradient of k'_t,  dk_t = w_t dk'_t,  d(i_t - m_t) = dk'_t · k'_t
 //   dq_t  = dden_t scale n_t,  dg_t = e^{g_t} n_{t-1} · λ_t,  dn_0 = e^{g_0} λ_0
-// and warp 0 then turns dg and d(i - m) = dk'·k' into the gates' gradients. In g_t = log σ(f_t) + m_{t-1}
-// - m_t and in k'_t = e^{i_t - m_t} k_t, m is held constant (only m_{-1} = m0 is an input there;
+// (λ across the segments as n, from the end). A last warp per (batch, head) turns dg and d(i - m) into
+// the gates' gradients. In g_t and k'_t, m is held constant (only m_{-1} = m0 is an input there;
 // mlstm_ops/fused_chunk.cpp adds m's own gradient), and the gradient dm_t of the returned m runs back
 // through the max: to log σ(f_t) and m_{t-1} where the forget branch won, to i_t where the input gate
 // did. That is a reverse scan of the maps x -> [forget won] (x + dm_t), also warp-wide.
@@ -23,6 +29,7 @@
 
 #include <cuda_pipeline.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -34,7 +41,7 @@ namespace linearize::ops::cuda_kernels {
 
 namespace {
 
-constexpr int kTile = 64;  // steps per tile: two halves of 32, one step per lane of warp 0
+constexpr int kTile = 64;  // steps per tile of the normaliser's walks
 constexpr unsigned kAll = 0xffffffffu;
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -47,7 +54,7 @@ __device__ __forceinline__ float sigmoid(float x) {
   return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
 }
 
-// The gate inputs of one step, read by one lane of warp 0 (fp32 [B,T,H], this head's column at `at`).
+// The gate inputs of one step, read by one lane (fp32 [B,T,H], fg and ig at this head's column).
 struct Gates {
   float f, lf, ig;  // forget gate pre-activation, log σ(f), input gate
   bool live;        // the step is before T
@@ -62,8 +69,7 @@ __device__ __forceinline__ Gates read_gates(const float* __restrict__ fg, const 
   return s;
 }
 
-// m_t for the 32 steps of a half tile (one per lane), given the max state before them, m_in, which then
-// moves past the half. Past T: the identity map (log f = 0, i = -inf).
+// m_t for 32 steps (one per lane), given the max state before them, m_in, which then moves past them. Past T: the identity map (log f = 0, i = -inf).
 __device__ __forceinline__ float max_state_scan(const Gates& s, float& m_in) {
   const int lane = threadIdx.x & 31;
   float a = s.lf, b = s.ig;
@@ -77,10 +83,10 @@ __device__ __forceinline__ float max_state_scan(const Gates& s, float& m_in) {
   return m;
 }
 
-// The gradient reaching m_t from the returned m, for the 32 steps of a half tile walked back: c_t = dm_t +
+// The gradient reaching m_t from the returned m, for 32 steps walked back (one per lane): c_t = dm_t +
 // (what m_{t+1} passes back), and m_t passes c_t on to m_{t-1} where the forget branch won, nothing
-// where the input gate did. `carry` enters as what reaches the half's last step from after it and leaves
-// as what its first step passes back.
+// where the input gate did. `carry` enters as what reaches the last of the steps from after them and
+// leaves as what the first passes back.
 __device__ __forceinline__ float max_state_gradient(float dm, bool forget_won, bool live, float& carry) {
   const int lane = threadIdx.x & 31;
   // The step's map x -> M x + A: [forget won] (x + dm), the identity past T. Suffix composition, the
@@ -106,8 +112,8 @@ __device__ __forceinline__ E* head_of(E* x, int b, int h, int T, int H, int K) {
 
 // Starts copying rows t0 .. t0+63 of one head (row stride H*K) into shared memory [64][K] unpadded
 // (thread c reads column c, so consecutive threads read consecutive elements), 16 bytes at a time
-// through cp.async, so the copy of the next tile runs while the block walks this one; rows past T, or of
-// an absent tensor, are zeros. The caller commits, and waits before reading.
+// through cp.async, while the block reads its gates; rows past T, or of an absent tensor, are zeros.
+// The caller commits, and waits before reading.
 template <typename E, int K>
 __device__ __forceinline__ void start_tile_copy(E* dst, const E* __restrict__ x, size_t stride, int t0, int T) {
   constexpr int kPerRow = K * static_cast<int>(sizeof(E)) / 16, kWords = kTile * kPerRow / K;
@@ -130,73 +136,198 @@ __device__ __forceinline__ float row_sum(const float (*x)[K + 1], int r) {
   return s;
 }
 
-// Dynamic shared memory of the two kernels (byte offsets; fp32 tiles first, 16-byte aligned). The rows
-// are double-buffered: buffer tile % 2 is read while the next tile's rows land in the other.
+// Dynamic shared memory of the walks (byte offsets; fp32 tiles first, 16-byte aligned).
 template <typename In, typename Lo, int K>
 struct Smem {
   static constexpr size_t sums = (size_t{kTile} * (K + 1) * 4 + 15) / 16 * 16;  // one [kTile][K + 1] fp32
   static constexpr size_t rows_in = size_t{kTile} * K * sizeof(In), rows_lo = size_t{kTile} * K * sizeof(Lo);
-  // forward: prod | 2 x (q | k)        backward: nrow | kprod | 2 x (q | k | dk')
-  static constexpr size_t forward_buffer = 2 * rows_in, backward_buffer = 2 * rows_in + rows_lo;
-  static constexpr size_t forward = sums + 2 * forward_buffer;
-  static constexpr size_t backward = 2 * sums + 2 * backward_buffer;
+  static constexpr size_t segment_end = rows_in;              // y
+  static constexpr size_t forward = sums + 2 * rows_in;       // prod | q | k
+  static constexpr size_t backward = 2 * sums + 2 * rows_in + rows_lo;  // nrow | kprod | q | k | dk'
 };
+
+// The segment of blockIdx.x: (batch, head) bh and segment s of S, its tiles [first, end).
+struct Segment {
+  int bh, s, first, end;
+};
+__device__ __forceinline__ Segment segment_of(int S, int seg_tiles, int T) {
+  Segment x;
+  x.bh = blockIdx.x / S, x.s = blockIdx.x % S;
+  x.first = x.s * seg_tiles;
+  x.end = min(x.first + seg_tiles, (T + kTile - 1) / kTile);
+  return x;
+}
+
+// Steps of a walk that warp 0's lanes read 32 at a time, four groups of 32 fetched together so that
+// their loads overlap: fn(group, lane's step t) over the groups [0, groups), in order or reversed.
+template <bool Reverse, typename Read, typename Use>
+__device__ __forceinline__ void over_groups(int groups, Read read, Use use) {
+  const int lane = threadIdx.x & 31;
+  for (int base = 0; base < groups; base += 4) {
+    decltype(read(0)) x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int gr = Reverse ? groups - 1 - (base + i) : base + i;
+      if (base + i < groups) x[i] = read(gr * 32 + lane);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int gr = Reverse ? groups - 1 - (base + i) : base + i;
+      if (base + i < groups) use(gr, gr * 32 + lane, x[i]);
+    }
+  }
+}
+
+// The gates, one warp per (batch, head) walking its steps: m_t, g_t = log σ(f_t) + m_{t-1} - m_t and the
+// key factor w_t = e^{i_t - m_t} [B,H,T], and gsum [B,H,S] the sum of g over each segment of seg_len steps.
+__global__ void gates_forward_kernel(const float* __restrict__ ig, const float* __restrict__ fg,
+                                     const float* __restrict__ m0, float* __restrict__ m_out, float* __restrict__ g_out,
+                                     float* __restrict__ w_out, float* __restrict__ gsum, int BH, int T, int H,
+                                     int seg_len, int S) {
+  const int bh = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (bh >= BH) return;  // whole warps
+  const int b = bh / H, h = bh % H, lane = threadIdx.x & 31;
+  const float* fgh = fg + static_cast<size_t>(b) * T * H + h;
+  const float* igh = ig + static_cast<size_t>(b) * T * H + h;
+  const size_t row = static_cast<size_t>(bh) * T;
+  float m_in = m0[bh], part = 0.f;
+  over_groups<false>(
+      (T + 31) / 32, [&](int t) { return read_gates(fgh, igh, t, T, H); },
+      [&](int, int t, const Gates& s) {
+        float m_prev = m_in;  // lane 0: the step before the group
+        const float m = max_state_scan(s, m_in);
+        const float up = __shfl_up_sync(kAll, m, 1);
+        if (lane > 0) m_prev = up;
+        const float g = s.lf + m_prev - m;
+        if (s.live) m_out[row + t] = m, g_out[row + t] = g, w_out[row + t] = expf(s.ig - m), part += g;
+        const int t_next = t - lane + 32;  // the group's end
+        if (t_next % seg_len == 0 || t_next >= T) {
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kAll, part, off);
+          if (lane == 0) gsum[static_cast<size_t>(bh) * S + (t_next - 1) / seg_len] = part;
+          part = 0.f;
+        }
+      });
+}
+
+// The gates' gradients, one warp per (batch, head) walking its steps back: given the normaliser's sums
+// dg_n (of dg) and dlogw (of d(i - m)) per step, and the gradients d_g, d_m of the returned g and m.
+__global__ void gates_backward_kernel(const float* __restrict__ ig, const float* __restrict__ fg,
+                                      const float* __restrict__ m0, const float* __restrict__ m,
+                                      const float* __restrict__ dg_n, const float* __restrict__ dlogw,
+                                      const float* __restrict__ d_g, const float* __restrict__ d_m,
+                                      float* __restrict__ d_ig, float* __restrict__ d_fg, float* __restrict__ d_m0,
+                                      int BH, int T, int H) {
+  const int bh = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (bh >= BH) return;  // whole warps
+  const int b = bh / H, h = bh % H, lane = threadIdx.x & 31;
+  const size_t grow = static_cast<size_t>(b) * T * H + h;  // this head's column of [B, T, H]
+  const size_t row = static_cast<size_t>(bh) * T;          // this head's steps in [B, H, T]
+  struct Step {
+    Gates s;
+    float m_prev, dg, dlogw, dm;
+  };
+  float carry = 0.f, dg_first = 0.f;
+  over_groups<true>(
+      (T + 31) / 32,
+      [&](int t) {
+        Step x;
+        x.s = read_gates(fg + grow, ig + grow, t, T, H);
+        const bool live = x.s.live;
+        x.m_prev = !live ? 0.f : t == 0 ? m0[bh] : m[row + t - 1];
+        x.dg = live ? dg_n[row + t] + (d_g != nullptr ? d_g[row + t] : 0.f) : 0.f;
+        x.dlogw = live ? dlogw[row + t] : 0.f;
+        x.dm = live && d_m != nullptr ? d_m[row + t] : 0.f;
+        return x;
+      },
+      [&](int, int t, const Step& x) {
+        const bool forget_won = x.s.lf + x.m_prev >= x.s.ig;
+        const float c_t = max_state_gradient(x.dm, forget_won, x.s.live, carry);
+        if (x.s.live) {
+          d_fg[grow + static_cast<size_t>(t) * H] = (x.dg + (forget_won ? c_t : 0.f)) * sigmoid(-x.s.f);
+          d_ig[grow + static_cast<size_t>(t) * H] = x.dlogw + (forget_won ? 0.f : c_t);
+        }
+        if (t == 0) dg_first = x.dg;  // g_0 = log σ(f_0) + m0 - m_0
+      });
+  if (lane == 0) d_m0[bh] = carry + dg_first;
+}
+
+// Per segment, the walk from zero over its steps (one thread per channel), of
+//   forward:  x_t = a_t x_{t-1} + b_t y_t       (n from k' = w k: y = k, b = w)
+//   reverse:  x_t = a_t (x_{t+1} + b_t y_t)     (μ from λ = dden scale q + μ: y = q, b = scale dden)
+// with a = e^g: what the segment adds to the state it passes on, out [B,H,S,K].
+template <typename In, int K, bool Reverse>
+__global__ void __launch_bounds__(K) segment_walk_kernel(const In* __restrict__ y, const float* __restrict__ g,
+                                                         const float* __restrict__ bcoef, float b_scale,
+                                                         float* __restrict__ out, int T, int H, int seg_tiles, int S) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  In* sy = reinterpret_cast<In*>(smem);
+  __shared__ float decay[kTile], coef[kTile];
+  const Segment seg = segment_of(S, seg_tiles, T);
+  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x;
+  const size_t stride = static_cast<size_t>(H) * K, row = static_cast<size_t>(seg.bh) * T;
+  const In* yh = head_of(y, b, h, T, H, K);
+  float x = 0.f;
+  for (int i = 0; i < seg.end - seg.first; ++i) {
+    const int tile = Reverse ? seg.end - 1 - i : seg.first + i, t0 = tile * kTile, len = min(kTile, T - t0);
+    start_tile_copy<In, K>(sy, yh, stride, t0, T);
+    __pipeline_commit();
+    if (c < kTile) {
+      const bool live = c < len;
+      decay[c] = live ? expf(g[row + t0 + c]) : 1.f;
+      coef[c] = live && bcoef != nullptr ? bcoef[row + t0 + c] * b_scale : 0.f;
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    if (Reverse) {
+#pragma unroll 8
+      for (int j = len - 1; j >= 0; --j) x = decay[j] * (x + coef[j] * to_float(sy[j * K + c]));
+    } else {
+#pragma unroll 8
+      for (int j = 0; j < len; ++j) x = decay[j] * x + coef[j] * to_float(sy[j * K + c]);
+    }
+    __syncthreads();
+  }
+  out[(static_cast<size_t>(seg.bh) * S + seg.s) * K + c] = x;
+}
 
 template <typename In, typename Lo, int K>
 __global__ void __launch_bounds__(K) normaliser_forward_kernel(
-    const In* __restrict__ q, const In* __restrict__ k, const float* __restrict__ ig, const float* __restrict__ fg,
-    const float* __restrict__ m0, const float* __restrict__ n0, Lo* __restrict__ kp, float* __restrict__ g_out,
-    float* __restrict__ m_out, float* __restrict__ den, float* __restrict__ n_final, float* __restrict__ entering,
-    int T, int H, float scale) {
+    const In* __restrict__ q, const In* __restrict__ k, const float* __restrict__ g, const float* __restrict__ w,
+    const float* __restrict__ gsum, const float* __restrict__ n_local, const float* __restrict__ n0,
+    Lo* __restrict__ kp, float* __restrict__ den, float* __restrict__ n_final, float* __restrict__ entering, int T,
+    int H, int seg_tiles, int S, float scale) {
   using L = Smem<In, Lo, K>;
   extern __shared__ __align__(16) unsigned char smem[];
   auto prod = reinterpret_cast<float(*)[K + 1]>(smem);  // n_t[c] q_t[c]
-  auto rows = [&](int tile) { return reinterpret_cast<In*>(smem + L::sums + (tile & 1) * L::forward_buffer); };
+  In* sq = reinterpret_cast<In*>(smem + L::sums);
+  In* sk = sq + kTile * K;
   __shared__ float decay[kTile], key_factor[kTile];
-  const int bh = blockIdx.x, b = bh / H, h = bh % H, c = threadIdx.x;
-  const size_t stride = static_cast<size_t>(H) * K;
+  const Segment seg = segment_of(S, seg_tiles, T);
+  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = (T + kTile - 1) / kTile;
+  const size_t stride = static_cast<size_t>(H) * K, row = static_cast<size_t>(seg.bh) * T;
   const In* qh = head_of(q, b, h, T, H, K);
   const In* kh = head_of(k, b, h, T, H, K);
   Lo* kph = head_of(kp, b, h, T, H, K) + c;
-  const float* fgh = fg + static_cast<size_t>(b) * T * H + h;
-  const float* igh = ig + static_cast<size_t>(b) * T * H + h;
-  const size_t row = static_cast<size_t>(bh) * T;  // this head's steps in [B, H, T]
-  const int tiles = (T + kTile - 1) / kTile;
-  auto start_copy = [&](int tile) {
-    start_tile_copy<In, K>(rows(tile), qh, stride, tile * kTile, T);
-    start_tile_copy<In, K>(rows(tile) + kTile * K, kh, stride, tile * kTile, T);
-    __pipeline_commit();
-  };
-  start_copy(0);
-  Gates next_gates[2];  // warp 0: the tile's gates, read a tile ahead
-  if (c < 32)
-    for (int half = 0; half < 2; ++half) next_gates[half] = read_gates(fgh, igh, half * 32 + c, T, H);
-  float n = n0 != nullptr ? n0[static_cast<size_t>(bh) * K + c] : 0.f;
-  float m_in = m0[bh];
-  for (int tile = 0; tile < tiles; ++tile) {
+  // The n entering the segment: n0 carried over the segments before it.
+  float n = n0 != nullptr ? n0[static_cast<size_t>(seg.bh) * K + c] : 0.f;
+#pragma unroll 8
+  for (int s = 0; s < seg.s; ++s) {
+    const size_t at = static_cast<size_t>(seg.bh) * S + s;
+    n = expf(gsum[at]) * n + n_local[at * K + c];
+  }
+  for (int tile = seg.first; tile < seg.end; ++tile) {
     const int t0 = tile * kTile, len = min(kTile, T - t0);
-    entering[(static_cast<size_t>(bh) * tiles + tile) * K + c] = n;
-    if (c < 32) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int j = half * 32 + c, t = t0 + j;
-        const Gates s = next_gates[half];
-        float m_prev = m_in;  // lane 0: the last step before the half
-        const float m = max_state_scan(s, m_in);
-        const float up = __shfl_up_sync(kAll, m, 1);
-        if (c > 0) m_prev = up;
-        const float g = s.lf + m_prev - m;
-        if (s.live) m_out[row + t] = m, g_out[row + t] = g;
-        decay[j] = s.live ? expf(g) : 1.f;
-        key_factor[j] = s.live ? expf(s.ig - m) : 0.f;
-        next_gates[half] = read_gates(fgh, igh, t + kTile, T, H);
-      }
+    entering[(static_cast<size_t>(seg.bh) * tiles + tile) * K + c] = n;
+    start_tile_copy<In, K>(sq, qh, stride, t0, T);
+    start_tile_copy<In, K>(sk, kh, stride, t0, T);
+    __pipeline_commit();
+    if (c < kTile) {
+      decay[c] = c < len ? expf(g[row + t0 + c]) : 1.f;
+      key_factor[c] = c < len ? w[row + t0 + c] : 0.f;
     }
     __pipeline_wait_prior(0);
-    __syncthreads();  // the tile's rows and gates are in; everyone is past the previous tile
-    if (tile + 1 < tiles) start_copy(tile + 1);
-    const In* sq = rows(tile);
-    const In* sk = sq + kTile * K;
+    __syncthreads();
 #pragma unroll 8
     for (int j = 0; j < len; ++j) {
       const float kv = to_float(sk[j * K + c]) * key_factor[j];
@@ -207,96 +338,54 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
     __syncthreads();
     if (c < len) den[row + t0 + c] = row_sum<K>(prod, c) * scale;
   }
-  n_final[static_cast<size_t>(bh) * K + c] = n;
-}
-
-// What warp 0 reads per step for the backward (lane: one step of a half tile).
-struct StepInputs {
-  Gates s;
-  float m, m_prev, dden, dg, dm;
-};
-__device__ __forceinline__ StepInputs read_step(const float* __restrict__ fg, const float* __restrict__ ig,
-                                                const float* __restrict__ m, float m0, const float* __restrict__ d_den,
-                                                const float* __restrict__ d_g, const float* __restrict__ d_m, int t,
-                                                int T, int H) {
-  StepInputs x;
-  x.s = read_gates(fg, ig, t, T, H);
-  const bool live = x.s.live && t >= 0;
-  x.s.live = live;
-  x.m = live ? m[t] : 0.f;
-  x.m_prev = !live ? 0.f : t == 0 ? m0 : m[t - 1];
-  x.dden = live && d_den != nullptr ? d_den[t] : 0.f;
-  x.dg = live && d_g != nullptr ? d_g[t] : 0.f;
-  x.dm = live && d_m != nullptr ? d_m[t] : 0.f;
-  return x;
+  if (seg.s == S - 1) n_final[static_cast<size_t>(seg.bh) * K + c] = n;
 }
 
 template <typename In, typename Lo, int K>
 __global__ void __launch_bounds__(K) normaliser_backward_kernel(
-    const In* __restrict__ q, const In* __restrict__ k, const float* __restrict__ ig, const float* __restrict__ fg,
-    const float* __restrict__ m0, const float* __restrict__ m, const float* __restrict__ entering,
-    const Lo* __restrict__ d_kp, const float* __restrict__ d_g, const float* __restrict__ d_m,
-    const float* __restrict__ d_den, const float* __restrict__ d_final, In* __restrict__ dq, In* __restrict__ dk,
-    float* __restrict__ d_ig, float* __restrict__ d_fg, float* __restrict__ d_m0, float* __restrict__ d_n0, int T,
-    int H, float scale) {
+    const In* __restrict__ q, const In* __restrict__ k, const float* __restrict__ g, const float* __restrict__ w,
+    const float* __restrict__ gsum, const float* __restrict__ mu_local, const float* __restrict__ entering,
+    const Lo* __restrict__ d_kp, const float* __restrict__ d_den, const float* __restrict__ d_final,
+    In* __restrict__ dq, In* __restrict__ dk, float* __restrict__ dg_n, float* __restrict__ dlogw,
+    float* __restrict__ d_n0, int T, int H, int seg_tiles, int S, float scale) {
   using L = Smem<In, Lo, K>;
   extern __shared__ __align__(16) unsigned char smem[];
   auto nrow = reinterpret_cast<float(*)[K + 1]>(smem);           // n_t, then e^{g_t} n_{t-1}[c] λ_t[c]
   auto kprod = reinterpret_cast<float(*)[K + 1]>(smem + L::sums);  // dk'_t[c] k'_t[c]
-  auto rows = [&](int tile) {
-    return reinterpret_cast<In*>(smem + 2 * L::sums + (tile & 1) * L::backward_buffer);
-  };
-  __shared__ float decay[kTile], key_factor[kTile], dden[kTile], dg_sum[kTile], dlogw_sum[kTile];
-  const int bh = blockIdx.x, b = bh / H, h = bh % H, c = threadIdx.x, lane = c & 31;
-  const size_t stride = static_cast<size_t>(H) * K;
+  In* sq = reinterpret_cast<In*>(smem + 2 * L::sums);
+  In* sk = sq + kTile * K;
+  Lo* sdkp = reinterpret_cast<Lo*>(sk + kTile * K);
+  __shared__ float decay[kTile], key_factor[kTile], dden[kTile];
+  const Segment seg = segment_of(S, seg_tiles, T);
+  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = (T + kTile - 1) / kTile;
+  const size_t stride = static_cast<size_t>(H) * K, row = static_cast<size_t>(seg.bh) * T;
   const In* qh = head_of(q, b, h, T, H, K);
   const In* kh = head_of(k, b, h, T, H, K);
   const Lo* dkph = head_of(d_kp, b, h, T, H, K);
   In* dqh = head_of(dq, b, h, T, H, K) + c;
   In* dkh = head_of(dk, b, h, T, H, K) + c;
-  const size_t grow = static_cast<size_t>(b) * T * H + h;  // this head's column of [B, T, H]
-  const size_t row = static_cast<size_t>(bh) * T;          // this head's steps in [B, H, T]
-  const float* mh = m + row;
-  const float* dgh = d_g == nullptr ? nullptr : d_g + row;
-  const float* dmh = d_m == nullptr ? nullptr : d_m + row;
-  const float* ddh = d_den == nullptr ? nullptr : d_den + row;
-  const int tiles = (T + kTile - 1) / kTile;
-  float mu = d_final != nullptr ? d_final[static_cast<size_t>(bh) * K + c] : 0.f;  // e^{g_{t+1}} λ_{t+1}
-  float carry = 0.f, d_m0_from_g = 0.f;                                              // warp 0
-  StepInputs next_step[2];  // warp 0: the tile's step inputs, read a tile ahead
-  auto start_copy = [&](int tile) {
-    In* dst = rows(tile);
-    start_tile_copy<In, K>(dst, qh, stride, tile * kTile, T);
-    start_tile_copy<In, K>(dst + kTile * K, kh, stride, tile * kTile, T);
-    start_tile_copy<Lo, K>(reinterpret_cast<Lo*>(dst + 2 * kTile * K), dkph, stride, tile * kTile, T);
-    __pipeline_commit();
-    if (c < 32)
-      for (int half = 0; half < 2; ++half)
-        next_step[half] = read_step(fg + grow, ig + grow, mh, m0[bh], ddh, dgh, dmh, tile * kTile + half * 32 + c,
-                                    T, H);
-  };
-  start_copy(tiles - 1);
-  for (int tile = tiles - 1; tile >= 0; --tile) {
+  // μ = e^{g_{t+1}} λ_{t+1} entering the segment from its end: dL/dn_T carried back over the later segments.
+  float mu = d_final != nullptr ? d_final[static_cast<size_t>(seg.bh) * K + c] : 0.f;
+#pragma unroll 8
+  for (int s = S - 1; s > seg.s; --s) {
+    const size_t at = static_cast<size_t>(seg.bh) * S + s;
+    mu = expf(gsum[at]) * mu + mu_local[at * K + c];
+  }
+  for (int tile = seg.end - 1; tile >= seg.first; --tile) {
     const int t0 = tile * kTile, len = min(kTile, T - t0);
-    StepInputs x[2];
-    if (c < 32) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        x[half] = next_step[half];
-        const int j = half * 32 + lane;
-        const float g = x[half].s.lf + x[half].m_prev - x[half].m;
-        decay[j] = x[half].s.live ? expf(g) : 1.f;
-        key_factor[j] = x[half].s.live ? expf(x[half].s.ig - x[half].m) : 0.f;
-        dden[j] = x[half].dden;
-      }
+    start_tile_copy<In, K>(sq, qh, stride, t0, T);
+    start_tile_copy<In, K>(sk, kh, stride, t0, T);
+    start_tile_copy<Lo, K>(sdkp, dkph, stride, t0, T);
+    __pipeline_commit();
+    if (c < kTile) {
+      const bool live = c < len;
+      decay[c] = live ? expf(g[row + t0 + c]) : 1.f;
+      key_factor[c] = live ? w[row + t0 + c] : 0.f;
+      dden[c] = live && d_den != nullptr ? d_den[row + t0 + c] : 0.f;
     }
+    const float n_entering = entering[(static_cast<size_t>(seg.bh) * tiles + tile) * K + c];
     __pipeline_wait_prior(0);
-    __syncthreads();  // the tile's rows and gates are in; everyone is past the previous tile
-    if (tile > 0) start_copy(tile - 1);
-    const In* sq = rows(tile);
-    const In* sk = sq + kTile * K;
-    const Lo* sdkp = reinterpret_cast<const Lo*>(sk + kTile * K);
-    const float n_entering = entering[(static_cast<size_t>(bh) * tiles + tile) * K + c];
+    __syncthreads();
     float n = n_entering;
 #pragma unroll 8
     for (int j = 0; j < len; ++j) {
@@ -316,27 +405,9 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
       mu = decay[j] * lambda;
     }
     __syncthreads();
-    if (c < len) dg_sum[c] = row_sum<K>(nrow, c), dlogw_sum[c] = row_sum<K>(kprod, c);
-    __syncthreads();
-    if (c < 32) {
-#pragma unroll
-      for (int half = 1; half >= 0; --half) {
-        const StepInputs& s = x[half];
-        const int j = half * 32 + lane, t = t0 + j;
-        const bool live = s.s.live;
-        const float dg = live ? dg_sum[j] + s.dg : 0.f;
-        const bool forget_won = s.s.lf + s.m_prev >= s.s.ig;
-        const float c_t = max_state_gradient(s.dm, forget_won, live, carry);
-        if (live) {
-          d_fg[grow + static_cast<size_t>(t) * H] = (dg + (forget_won ? c_t : 0.f)) * sigmoid(-s.s.f);
-          d_ig[grow + static_cast<size_t>(t) * H] = dlogw_sum[j] + (forget_won ? 0.f : c_t);
-        }
-        if (t == 0) d_m0_from_g = dg;  // g_0 = log σ(f_0) + m0 - m_0
-      }
-    }
+    if (c < len) dg_n[row + t0 + c] = row_sum<K>(nrow, c), dlogw[row + t0 + c] = row_sum<K>(kprod, c);
   }
-  if (d_n0 != nullptr) d_n0[static_cast<size_t>(bh) * K + c] = mu;
-  if (c == 0) d_m0[bh] = carry + d_m0_from_g;
+  if (seg.s == 0 && d_n0 != nullptr) d_n0[static_cast<size_t>(seg.bh) * K + c] = mu;
 }
 
 // Eight consecutive values of an fp32 or 16-bit row <-> floats (16 or 32 bytes).
@@ -418,6 +489,22 @@ void dispatch(torch::ScalarType in, torch::ScalarType lo, int64_t K, Fn fn) {
 
 int64_t tiles_of(int64_t T) { return (T + kTile - 1) / kTile; }
 
+// How the walks split the steps: S segments of seg_tiles tiles each (the last may be shorter), enough
+// blocks to fill the GPU (about 2048 over the batch and heads) while a segment keeps at least one tile.
+// Each block first carries the state over the segments before it, so S stays at most kMaxSegments.
+constexpr int64_t kMaxSegments = 64;
+struct Segments {
+  int64_t seg_tiles, S;
+};
+Segments segments(int64_t B, int64_t H, int64_t T) {
+  const int64_t tiles = tiles_of(T);
+  const int64_t want = std::min({tiles, kMaxSegments, std::max<int64_t>(1, (2048 + B * H - 1) / (B * H))});
+  const int64_t seg_tiles = (tiles + want - 1) / want;
+  return {seg_tiles, (tiles + seg_tiles - 1) / seg_tiles};
+}
+
+constexpr int kGateWarps = 4;  // (batch, head) pairs per block of the gate kernels
+
 }  // namespace
 
 bool mlstm_normaliser_supported(int64_t K) { return K == 64 || K == 128; }
@@ -429,36 +516,49 @@ MlstmNormaliserForward mlstm_normaliser_forward(const torch::Tensor& q, const to
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   const auto f32 = q.options().dtype(torch::kFloat);
+  const auto [seg_tiles, S] = segments(B, H, T);
   MlstmNormaliserForward r;
   r.kp = torch::empty({B, T, H, K}, q.options().dtype(kp_dtype));
   r.g = torch::empty({B, H, T}, f32);
   r.m = torch::empty({B, H, T}, f32);
+  r.w = torch::empty({B, H, T}, f32);
+  r.gsum = torch::empty({B, H, S}, f32);
   r.den = torch::empty({B, H, T}, f32);
   r.n_final = torch::empty({B, H, K}, f32);
   r.entering = torch::empty({B, H, tiles_of(T), K}, f32);
+  auto n_local = torch::empty({B, H, S, K}, f32);
+  launch(gates_forward_kernel, dim3((B * H + kGateWarps - 1) / kGateWarps), dim3(32 * kGateWarps), 0,
+         igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(), r.m.data_ptr<float>(),
+         r.g.data_ptr<float>(), r.w.data_ptr<float>(), r.gsum.data_ptr<float>(), static_cast<int>(B * H),
+         static_cast<int>(T), static_cast<int>(H), static_cast<int>(seg_tiles * kTile), static_cast<int>(S));
   dispatch(q.scalar_type(), kp_dtype, K, [&](auto in_tag, auto lo_tag, auto k_tag) {
     using In = decltype(in_tag);
     using Lo = decltype(lo_tag);
     constexpr int Kc = decltype(k_tag)::value;
-    launch(normaliser_forward_kernel<In, Lo, Kc>, dim3(B * H), dim3(Kc), Smem<In, Lo, Kc>::forward,
-           data_as<const In>(q), data_as<const In>(k), igate.data_ptr<float>(), fgate.data_ptr<float>(),
-           m0.data_ptr<float>(), ptr_or_null(n0), data_as<Lo>(r.kp), r.g.data_ptr<float>(), r.m.data_ptr<float>(),
-           r.den.data_ptr<float>(), r.n_final.data_ptr<float>(), r.entering.data_ptr<float>(), static_cast<int>(T),
-           static_cast<int>(H), static_cast<float>(scale));
+    const dim3 grid(B * H * S);
+    if (S > 1)
+      launch(segment_walk_kernel<In, Kc, false>, grid, dim3(Kc), Smem<In, Lo, Kc>::segment_end, data_as<const In>(k),
+             r.g.data_ptr<float>(), r.w.data_ptr<float>(), 1.f, n_local.data_ptr<float>(), static_cast<int>(T),
+             static_cast<int>(H), static_cast<int>(seg_tiles), static_cast<int>(S));
+    launch(normaliser_forward_kernel<In, Lo, Kc>, grid, dim3(Kc), Smem<In, Lo, Kc>::forward, data_as<const In>(q),
+           data_as<const In>(k), r.g.data_ptr<float>(), r.w.data_ptr<float>(), r.gsum.data_ptr<float>(),
+           n_local.data_ptr<float>(), ptr_or_null(n0), data_as<Lo>(r.kp), r.den.data_ptr<float>(),
+           r.n_final.data_ptr<float>(), r.entering.data_ptr<float>(), static_cast<int>(T), static_cast<int>(H),
+           static_cast<int>(seg_tiles), static_cast<int>(S), static_cast<float>(scale));
   });
   return r;
 }
 
 MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const torch::Tensor& k,
                                                const torch::Tensor& igate, const torch::Tensor& fgate,
-                                               const torch::Tensor& m0, const torch::Tensor& m,
-                                               const torch::Tensor& entering, const torch::Tensor& d_kp,
-                                               const torch::Tensor& d_g, const torch::Tensor& d_m,
-                                               const torch::Tensor& d_den, const torch::Tensor& d_final,
-                                               double scale, bool want_d_n0) {
+                                               const torch::Tensor& m0, const MlstmNormaliserForward& fw,
+                                               const torch::Tensor& d_kp, const torch::Tensor& d_g,
+                                               const torch::Tensor& d_m, const torch::Tensor& d_den,
+                                               const torch::Tensor& d_final, double scale, bool want_d_n0) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   const auto f32 = q.options().dtype(torch::kFloat);
+  const auto [seg_tiles, S] = segments(B, H, T);
   MlstmNormaliserGrads r;
   r.dq = torch::empty_like(q);
   r.dk = torch::empty_like(k);
@@ -466,21 +566,31 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
   r.d_fgate = torch::empty({B, T, H}, f32);
   r.d_m0 = torch::empty({B, H}, f32);
   if (want_d_n0) r.d_n0 = torch::empty({B, H, K}, f32);
-  const auto lo = d_kp.defined() ? d_kp.scalar_type() : q.scalar_type() == torch::kFloat ? torch::kBFloat16
-                                                                                         : q.scalar_type();
+  auto mu_local = torch::empty({B, H, S, K}, f32);
+  auto dg_n = torch::empty({B, H, T}, f32), dlogw = torch::empty({B, H, T}, f32);
+  const auto lo = d_kp.defined() ? d_kp.scalar_type() : fw.kp.scalar_type();
   dispatch(q.scalar_type(), lo, K, [&](auto in_tag, auto lo_tag, auto k_tag) {
     using In = decltype(in_tag);
     using Lo = decltype(lo_tag);
     constexpr int Kc = decltype(k_tag)::value;
-    launch(normaliser_backward_kernel<In, Lo, Kc>, dim3(B * H), dim3(Kc), Smem<In, Lo, Kc>::backward,
-           data_as<const In>(q),
-           data_as<const In>(k), igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(),
-           m.data_ptr<float>(), entering.data_ptr<float>(),
-           d_kp.defined() ? data_as<const Lo>(d_kp) : nullptr, ptr_or_null(d_g), ptr_or_null(d_m), ptr_or_null(d_den),
-           ptr_or_null(d_final), data_as<In>(r.dq), data_as<In>(r.dk), r.d_igate.data_ptr<float>(),
-           r.d_fgate.data_ptr<float>(), r.d_m0.data_ptr<float>(), out_or_null(r.d_n0), static_cast<int>(T),
-           static_cast<int>(H), static_cast<float>(scale));
+    const dim3 grid(B * H * S);
+    if (S > 1)
+      launch(segment_walk_kernel<In, Kc, true>, grid, dim3(Kc), Smem<In, Lo, Kc>::segment_end, data_as<const In>(q),
+             fw.g.data_ptr<float>(), ptr_or_null(d_den), static_cast<float>(scale), mu_local.data_ptr<float>(),
+             static_cast<int>(T), static_cast<int>(H), static_cast<int>(seg_tiles), static_cast<int>(S));
+    launch(normaliser_backward_kernel<In, Lo, Kc>, grid, dim3(Kc), Smem<In, Lo, Kc>::backward, data_as<const In>(q),
+           data_as<const In>(k), fw.g.data_ptr<float>(), fw.w.data_ptr<float>(), fw.gsum.data_ptr<float>(),
+           mu_local.data_ptr<float>(), fw.entering.data_ptr<float>(),
+           d_kp.defined() ? data_as<const Lo>(d_kp) : nullptr, ptr_or_null(d_den), ptr_or_null(d_final),
+           data_as<In>(r.dq), data_as<In>(r.dk), dg_n.data_ptr<float>(), dlogw.data_ptr<float>(),
+           out_or_null(r.d_n0), static_cast<int>(T), static_cast<int>(H), static_cast<int>(seg_tiles),
+           static_cast<int>(S), static_cast<float>(scale));
   });
+  launch(gates_backward_kernel, dim3((B * H + kGateWarps - 1) / kGateWarps), dim3(32 * kGateWarps), 0,
+         igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(), fw.m.data_ptr<float>(),
+         dg_n.data_ptr<float>(), dlogw.data_ptr<float>(), ptr_or_null(d_g), ptr_or_null(d_m),
+         r.d_igate.data_ptr<float>(), r.d_fgate.data_ptr<float>(), r.d_m0.data_ptr<float>(), static_cast<int>(B * H),
+         static_cast<int>(T), static_cast<int>(H));
   return r;
 }
 

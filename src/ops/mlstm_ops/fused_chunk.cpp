@@ -121,24 +121,22 @@ struct GatesNormaliserFunction : public torch::autograd::Function<GatesNormalise
                                const torch::Tensor& n0, double scale, int64_t kp_dtype) {
     const auto lo = static_cast<torch::ScalarType>(kp_dtype);
     auto r = cuda_kernels::mlstm_normaliser_forward(q, k, igate, fgate, m0, present(n0), scale, lo);
-    ctx->save_for_backward({q, k, igate, fgate, m0, r.m, r.entering});
+    ctx->save_for_backward({q, k, igate, fgate, m0, r.kp, r.g, r.m, r.w, r.gsum, r.entering});
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["kp_dtype"] = kp_dtype;
     ctx->saved_data["n0"] = n0.numel() > 0;
     return {r.kp, r.g, r.m, r.den, r.n_final};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto s = ctx->get_saved_variables();
-    const auto lo = static_cast<torch::ScalarType>(ctx->saved_data["kp_dtype"].toInt());
-    auto as = [](const torch::Tensor& t, torch::ScalarType dt) {
-      return t.defined() ? t.to(dt).contiguous() : torch::Tensor();
-    };
+    cuda_kernels::MlstmNormaliserForward fw;
+    fw.kp = s[5], fw.g = s[6], fw.m = s[7], fw.w = s[8], fw.gsum = s[9], fw.entering = s[10];
+    auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat).contiguous() : t; };
     const bool want_d_n0 = ctx->saved_data["n0"].toBool() && ctx->needs_input_grad(5);
-    auto r = cuda_kernels::mlstm_normaliser_backward(
-        s[0], s[1], s[2], s[3], s[4], s[5], s[6], grads[0].defined() ? aligned_rows(grads[0].to(lo)) : grads[0],
-        as(grads[1], torch::kFloat), as(grads[2], torch::kFloat), as(grads[3], torch::kFloat),
-        as(grads[4], torch::kFloat), ctx->saved_data["scale"].toDouble(), want_d_n0);
+    auto d_kp = grads[0].defined() ? aligned_rows(grads[0].to(fw.kp.scalar_type())) : grads[0];
+    auto r = cuda_kernels::mlstm_normaliser_backward(s[0], s[1], s[2], s[3], s[4], fw, d_kp, f32(grads[1]),
+                                                     f32(grads[2]), f32(grads[3]), f32(grads[4]),
+                                                     ctx->saved_data["scale"].toDouble(), want_d_n0);
     return {r.dq, r.dk, r.d_igate, r.d_fgate, r.d_m0, r.d_n0, torch::Tensor(), torch::Tensor()};
   }
 };
