@@ -2,9 +2,11 @@
 // mLSTM's chunked form that mlstm_ops/fused_chunk.cpp does not hand to the scalar-decay chunk kernels,
 // and the division of its numerator by the denominator.
 //
-// The gates come first, one warp per (batch, head) walking the steps 32 at a time: m from a warp-wide
-// scan of the maps m -> max(m + log σ(f_t), i_t) (first (α1, β1) then (α2, β2) composes to
-// (α1 + α2, max(β1 + α2, β2))), then g_t = log σ(f_t) + m_{t-1} - m_t and w_t = e^{i_t - m_t}.
+// The gates come first, one warp per (batch, head, segment of the steps) walking 32 steps at a time: m
+// from a warp-wide scan of the maps m -> max(m + log σ(f_t), i_t) (first (α1, β1) then (α2, β2)
+// composes to (α1 + α2, max(β1 + α2, β2))), then g_t = log σ(f_t) + m_{t-1} - m_t and w_t = e^{i_t - m_t}.
+// A first pass composes each segment's map, so that a segment starts from m0 carried through the maps
+// of the segments before it.
 //
 // The normaliser's state is K independent recurrences, n_t[c] = e^{g_t} n_{t-1}[c] + w_t k_t[c], so its
 // walk has one thread per key channel and exchanges nothing between threads; the sums over the channels
@@ -19,11 +21,12 @@
 //   λ_t   = dden_t scale q_t + e^{g_{t+1}} λ_{t+1}          (after the last step: dL/dn_T)
 //   dk'_t = λ_t + the numerator's gradient of k'_t,  dk_t = w_t dk'_t,  d(i_t - m_t) = dk'_t · k'_t
 //   dq_t  = dden_t scale n_t,  dg_t = e^{g_t} n_{t-1} · λ_t,  dn_0 = e^{g_0} λ_0
-// (λ across the segments as n, from the end). A last warp per (batch, head) turns dg and d(i - m) into
-// the gates' gradients. In g_t and k'_t, m is held constant (only m_{-1} = m0 is an input there;
+// (λ across the segments as n, from the end). Warps per (batch, head, segment) then turn dg and
+// d(i - m) into the gates' gradients. In g_t and k'_t, m is held constant (only m_{-1} = m0 is an input there;
 // mlstm_ops/fused_chunk.cpp adds m's own gradient), and the gradient dm_t of the returned m runs back
 // through the max: to log σ(f_t) and m_{t-1} where the forget branch won, to i_t where the input gate
-// did. That is a reverse scan of the maps x -> [forget won] (x + dm_t), also warp-wide.
+// did. That is a reverse scan of the maps x -> [forget won] (x + dm_t), also warp-wide, composed per
+// segment first as the forward's maps are.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -64,23 +67,41 @@ __device__ __forceinline__ Gates read_gates(const float* __restrict__ fg, const 
   Gates s;
   s.live = t < T;
   s.f = s.live ? fg[static_cast<size_t>(t) * H] : 0.f;
-  s.lf = log_sigmoid(s.f);
+  s.lf = s.live ? log_sigmoid(s.f) : 0.f;
   s.ig = s.live ? ig[static_cast<size_t>(t) * H] : -INFINITY;
   return s;
 }
 
-// m_t for 32 steps (one per lane), given the max state before them, m_in, which then moves past them. Past T: the identity map (log f = 0, i = -inf).
-__device__ __forceinline__ float max_state_scan(const Gates& s, float& m_in) {
+// The max-state maps m -> max(m + α, β) of 32 steps (one per lane, α = log σ(f), β = i; past T the
+// identity, α = 0 and β = -inf), scanned in place: afterwards lane L holds the map of steps 0..L.
+__device__ __forceinline__ void scan_max_maps(float& a, float& b) {
   const int lane = threadIdx.x & 31;
-  float a = s.lf, b = s.ig;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
     const float ap = __shfl_up_sync(kAll, a, off), bp = __shfl_up_sync(kAll, b, off);
     if (lane >= off) b = fmaxf(bp + a, b), a = ap + a;
   }
+}
+
+// m_t for 32 steps (one per lane), given the max state before them, m_in, which then moves past them.
+__device__ __forceinline__ float max_state_scan(const Gates& s, float& m_in) {
+  float a = s.lf, b = s.ig;
+  scan_max_maps(a, b);
   const float m = fmaxf(m_in + a, b);
   m_in = __shfl_sync(kAll, m, 31);
   return m;
+}
+
+// m's gradient walked back over 32 steps (one per lane) passes through the maps x -> [forget won]
+// (x + dm) (the identity past T). Scanned in place from the last step: afterwards lane L holds x -> M x + A,
+// the steps L..31 composed (the later ones applied first).
+__device__ __forceinline__ void scan_gradient_maps(float& M, float& A) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const float Mo = __shfl_down_sync(kAll, M, off), Ao = __shfl_down_sync(kAll, A, off);
+    if (lane + off < 32) A = M * Ao + A, M = M * Mo;
+  }
 }
 
 // The gradient reaching m_t from the returned m, for 32 steps walked back (one per lane): c_t = dm_t +
@@ -89,14 +110,8 @@ __device__ __forceinline__ float max_state_scan(const Gates& s, float& m_in) {
 // leaves as what the first passes back.
 __device__ __forceinline__ float max_state_gradient(float dm, bool forget_won, bool live, float& carry) {
   const int lane = threadIdx.x & 31;
-  // The step's map x -> M x + A: [forget won] (x + dm), the identity past T. Suffix composition, the
-  // later steps applied first.
   float M = !live || forget_won ? 1.f : 0.f, A = live && forget_won ? dm : 0.f;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const float Mo = __shfl_down_sync(kAll, M, off), Ao = __shfl_down_sync(kAll, A, off);
-    if (lane + off < 32) A = M * Ao + A, M = M * Mo;
-  }
+  scan_gradient_maps(M, A);
   const float through = M * carry + A;               // what this lane's step passes back
   float after = __shfl_down_sync(kAll, through, 1);  // what reaches it from the next step
   if (lane == 31) after = carry;
@@ -158,98 +173,137 @@ __device__ __forceinline__ Segment segment_of(int S, int seg_tiles, int T) {
   return x;
 }
 
-// Steps of a walk that warp 0's lanes read 32 at a time, four groups of 32 fetched together so that
-// their loads overlap: fn(group, lane's step t) over the groups [0, groups), in order or reversed.
+// The segment of one warp of the gate kernels: warp (bh, s) of B*H*S takes steps [begin, end) of segment s.
+struct WarpSegment {
+  int bh, s, begin, end;
+  bool valid;
+};
+__device__ __forceinline__ WarpSegment warp_segment(int BH, int S, int seg_len, int T) {
+  const int id = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  WarpSegment x;
+  x.bh = id / S, x.s = id % S, x.valid = x.bh < BH;
+  x.begin = x.s * seg_len, x.end = min(x.begin + seg_len, T);
+  return x;
+}
+
+// A warp's steps [begin, end) read 32 at a time (one per lane), four groups of 32 fetched together so
+// that their loads overlap: read(t) then use(t, what was read), group by group, in order or reversed.
 template <bool Reverse, typename Read, typename Use>
-__device__ __forceinline__ void over_groups(int groups, Read read, Use use) {
-  const int lane = threadIdx.x & 31;
+__device__ __forceinline__ void over_groups(int begin, int end, Read read, Use use) {
+  const int lane = threadIdx.x & 31, groups = (end - begin + 31) / 32;
   for (int base = 0; base < groups; base += 4) {
     decltype(read(0)) x[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int gr = Reverse ? groups - 1 - (base + i) : base + i;
-      if (base + i < groups) x[i] = read(gr * 32 + lane);
+      if (base + i < groups) x[i] = read(begin + gr * 32 + lane);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int gr = Reverse ? groups - 1 - (base + i) : base + i;
-      if (base + i < groups) use(gr, gr * 32 + lane, x[i]);
+      if (base + i < groups) use(begin + gr * 32 + lane, x[i]);
     }
   }
 }
 
-// The gates, one warp per (batch, head) walking its steps: m_t, g_t = log σ(f_t) + m_{t-1} - m_t and the
-// key factor w_t = e^{i_t - m_t} [B,H,T], and gsum [B,H,S] the sum of g over each segment of seg_len steps.
+// The gates, one warp per (batch, head, segment) walking the segment's steps: m_t, g_t = log σ(f_t) +
+// m_{t-1} - m_t and the key factor w_t = e^{i_t - m_t} [B,H,T], and gsum [B,H,S] the sum of g over the
+// segment. The max state entering the segment is m0 carried through the earlier segments' maps
+// (alpha, beta [B,H,S]), which the MapOnly pass writes first.
+template <bool MapOnly>
 __global__ void gates_forward_kernel(const float* __restrict__ ig, const float* __restrict__ fg,
-                                     const float* __restrict__ m0, float* __restrict__ m_out, float* __restrict__ g_out,
+                                     const float* __restrict__ m0, float* __restrict__ alpha,
+                                     float* __restrict__ beta, float* __restrict__ m_out, float* __restrict__ g_out,
                                      float* __restrict__ w_out, float* __restrict__ gsum, int BH, int T, int H,
                                      int seg_len, int S) {
-  const int bh = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (bh >= BH) return;  // whole warps
-  const int b = bh / H, h = bh % H, lane = threadIdx.x & 31;
+  const WarpSegment seg = warp_segment(BH, S, seg_len, T);
+  if (!seg.valid) return;  // whole warps
+  const int b = seg.bh / H, h = seg.bh % H, lane = threadIdx.x & 31;
   const float* fgh = fg + static_cast<size_t>(b) * T * H + h;
   const float* igh = ig + static_cast<size_t>(b) * T * H + h;
-  const size_t row = static_cast<size_t>(bh) * T;
-  float m_in = m0[bh], part = 0.f;
-  over_groups<false>(
-      (T + 31) / 32, [&](int t) { return read_gates(fgh, igh, t, T, H); },
-      [&](int, int t, const Gates& s) {
-        float m_prev = m_in;  // lane 0: the step before the group
-        const float m = max_state_scan(s, m_in);
-        const float up = __shfl_up_sync(kAll, m, 1);
-        if (lane > 0) m_prev = up;
-        const float g = s.lf + m_prev - m;
-        if (s.live) m_out[row + t] = m, g_out[row + t] = g, w_out[row + t] = expf(s.ig - m), part += g;
-        const int t_next = t - lane + 32;  // the group's end
-        if (t_next % seg_len == 0 || t_next >= T) {
+  const size_t row = static_cast<size_t>(seg.bh) * T, at = static_cast<size_t>(seg.bh) * S;
+  auto read = [&](int t) { return read_gates(fgh, igh, t, T, H); };
+  if (MapOnly) {
+    float A = 0.f, Bm = -INFINITY;  // the identity
+    over_groups<false>(seg.begin, seg.end, read, [&](int, const Gates& s) {
+      float a = s.lf, b = s.ig;
+      scan_max_maps(a, b);
+      const float ga = __shfl_sync(kAll, a, 31), gb = __shfl_sync(kAll, b, 31);
+      Bm = fmaxf(Bm + ga, gb), A += ga;
+    });
+    if (lane == 0) alpha[at + seg.s] = A, beta[at + seg.s] = Bm;
+    return;
+  }
+  float m_in = m0[seg.bh], part = 0.f;
+  for (int s = 0; s < seg.s; ++s) m_in = fmaxf(m_in + alpha[at + s], beta[at + s]);
+  over_groups<false>(seg.begin, seg.end, read, [&](int t, const Gates& s) {
+    float m_prev = m_in;  // lane 0: the step before the group
+    const float m = max_state_scan(s, m_in);
+    const float up = __shfl_up_sync(kAll, m, 1);
+    if (lane > 0) m_prev = up;
+    const float g = s.lf + m_prev - m;
+    if (s.live) m_out[row + t] = m, g_out[row + t] = g, w_out[row + t] = expf(s.ig - m), part += g;
+  });
 #pragma unroll
-          for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kAll, part, off);
-          if (lane == 0) gsum[static_cast<size_t>(bh) * S + (t_next - 1) / seg_len] = part;
-          part = 0.f;
-        }
-      });
+  for (int off = 16; off > 0; off >>= 1) part += __shfl_xor_sync(kAll, part, off);
+  if (lane == 0) gsum[at + seg.s] = part;
 }
 
-// The gates' gradients, one warp per (batch, head) walking its steps back: given the normaliser's sums
-// dg_n (of dg) and dlogw (of d(i - m)) per step, and the gradients d_g, d_m of the returned g and m.
+// The gates' gradients, one warp per (batch, head, segment) walking the segment's steps back: given the
+// normaliser's sums dg_n (of dg) and dlogw (of d(i - m)) per step, and the gradients d_g, d_m of the
+// returned g and m. m's gradient entering the segment from its end is carried back through the later
+// segments' maps x -> M x + A (map_m, map_a [B,H,S]), which the MapOnly pass writes first.
+template <bool MapOnly>
 __global__ void gates_backward_kernel(const float* __restrict__ ig, const float* __restrict__ fg,
                                       const float* __restrict__ m0, const float* __restrict__ m,
                                       const float* __restrict__ dg_n, const float* __restrict__ dlogw,
                                       const float* __restrict__ d_g, const float* __restrict__ d_m,
-                                      float* __restrict__ d_ig, float* __restrict__ d_fg, float* __restrict__ d_m0,
-                                      int BH, int T, int H) {
-  const int bh = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (bh >= BH) return;  // whole warps
-  const int b = bh / H, h = bh % H, lane = threadIdx.x & 31;
+                                      float* __restrict__ map_m, float* __restrict__ map_a, float* __restrict__ d_ig,
+                                      float* __restrict__ d_fg, float* __restrict__ d_m0, int BH, int T, int H,
+                                      int seg_len, int S) {
+  const WarpSegment seg = warp_segment(BH, S, seg_len, T);
+  if (!seg.valid) return;  // whole warps
+  const int b = seg.bh / H, h = seg.bh % H, lane = threadIdx.x & 31;
   const size_t grow = static_cast<size_t>(b) * T * H + h;  // this head's column of [B, T, H]
-  const size_t row = static_cast<size_t>(bh) * T;          // this head's steps in [B, H, T]
+  const size_t row = static_cast<size_t>(seg.bh) * T, at = static_cast<size_t>(seg.bh) * S;
   struct Step {
     Gates s;
     float m_prev, dg, dlogw, dm;
   };
+  auto read = [&](int t) {
+    Step x;
+    x.s = read_gates(fg + grow, ig + grow, t, T, H);
+    const bool live = x.s.live;
+    x.m_prev = !live ? 0.f : t == 0 ? m0[seg.bh] : m[row + t - 1];
+    x.dm = live && d_m != nullptr ? d_m[row + t] : 0.f;
+    x.dg = live && !MapOnly ? dg_n[row + t] + (d_g != nullptr ? d_g[row + t] : 0.f) : 0.f;
+    x.dlogw = live && !MapOnly ? dlogw[row + t] : 0.f;
+    return x;
+  };
+  if (MapOnly) {
+    float Ms = 1.f, As = 0.f;  // the identity
+    over_groups<true>(seg.begin, seg.end, read, [&](int, const Step& x) {
+      const bool forget_won = x.s.lf + x.m_prev >= x.s.ig;
+      float M = !x.s.live || forget_won ? 1.f : 0.f, A = x.s.live && forget_won ? x.dm : 0.f;
+      scan_gradient_maps(M, A);
+      const float gm = __shfl_sync(kAll, M, 0), ga = __shfl_sync(kAll, A, 0);
+      As = gm * As + ga, Ms = gm * Ms;  // the group after what came later
+    });
+    if (lane == 0) map_m[at + seg.s] = Ms, map_a[at + seg.s] = As;
+    return;
+  }
   float carry = 0.f, dg_first = 0.f;
-  over_groups<true>(
-      (T + 31) / 32,
-      [&](int t) {
-        Step x;
-        x.s = read_gates(fg + grow, ig + grow, t, T, H);
-        const bool live = x.s.live;
-        x.m_prev = !live ? 0.f : t == 0 ? m0[bh] : m[row + t - 1];
-        x.dg = live ? dg_n[row + t] + (d_g != nullptr ? d_g[row + t] : 0.f) : 0.f;
-        x.dlogw = live ? dlogw[row + t] : 0.f;
-        x.dm = live && d_m != nullptr ? d_m[row + t] : 0.f;
-        return x;
-      },
-      [&](int, int t, const Step& x) {
-        const bool forget_won = x.s.lf + x.m_prev >= x.s.ig;
-        const float c_t = max_state_gradient(x.dm, forget_won, x.s.live, carry);
-        if (x.s.live) {
-          d_fg[grow + static_cast<size_t>(t) * H] = (x.dg + (forget_won ? c_t : 0.f)) * sigmoid(-x.s.f);
-          d_ig[grow + static_cast<size_t>(t) * H] = x.dlogw + (forget_won ? 0.f : c_t);
-        }
-        if (t == 0) dg_first = x.dg;  // g_0 = log σ(f_0) + m0 - m_0
-      });
-  if (lane == 0) d_m0[bh] = carry + dg_first;
+  for (int s = S - 1; s > seg.s; --s) carry = map_m[at + s] * carry + map_a[at + s];
+  over_groups<true>(seg.begin, seg.end, read, [&](int t, const Step& x) {
+    const bool forget_won = x.s.lf + x.m_prev >= x.s.ig;
+    const float c_t = max_state_gradient(x.dm, forget_won, x.s.live, carry);
+    if (x.s.live) {
+      d_fg[grow + static_cast<size_t>(t) * H] = (x.dg + (forget_won ? c_t : 0.f)) * sigmoid(-x.s.f);
+      d_ig[grow + static_cast<size_t>(t) * H] = x.dlogw + (forget_won ? 0.f : c_t);
+    }
+    if (t == 0) dg_first = x.dg;  // g_0 = log σ(f_0) + m0 - m_0
+  });
+  if (seg.s == 0 && lane == 0) d_m0[seg.bh] = carry + dg_first;
 }
 
 // Per segment, the walk from zero over its steps (one thread per channel), of
@@ -503,7 +557,7 @@ Segments segments(int64_t B, int64_t H, int64_t T) {
   return {seg_tiles, (tiles + seg_tiles - 1) / seg_tiles};
 }
 
-constexpr int kGateWarps = 4;  // (batch, head) pairs per block of the gate kernels
+constexpr int kGateWarps = 4;  // warps (each a segment of one head) per block of the gate kernels
 
 }  // namespace
 
@@ -527,10 +581,16 @@ MlstmNormaliserForward mlstm_normaliser_forward(const torch::Tensor& q, const to
   r.n_final = torch::empty({B, H, K}, f32);
   r.entering = torch::empty({B, H, tiles_of(T), K}, f32);
   auto n_local = torch::empty({B, H, S, K}, f32);
-  launch(gates_forward_kernel, dim3((B * H + kGateWarps - 1) / kGateWarps), dim3(32 * kGateWarps), 0,
-         igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(), r.m.data_ptr<float>(),
-         r.g.data_ptr<float>(), r.w.data_ptr<float>(), r.gsum.data_ptr<float>(), static_cast<int>(B * H),
-         static_cast<int>(T), static_cast<int>(H), static_cast<int>(seg_tiles * kTile), static_cast<int>(S));
+  auto maps = torch::empty({2, B, H, S}, f32);  // the segments' max-state maps (alpha, beta)
+  const dim3 gate_grid((B * H * S + kGateWarps - 1) / kGateWarps), gate_block(32 * kGateWarps);
+  for (const bool map_only : {true, false}) {
+    if (map_only && S == 1) continue;
+    launch(map_only ? gates_forward_kernel<true> : gates_forward_kernel<false>, gate_grid, gate_block, 0,
+           igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(), maps[0].data_ptr<float>(),
+           maps[1].data_ptr<float>(), r.m.data_ptr<float>(), r.g.data_ptr<float>(), r.w.data_ptr<float>(),
+           r.gsum.data_ptr<float>(), static_cast<int>(B * H), static_cast<int>(T), static_cast<int>(H),
+           static_cast<int>(seg_tiles * kTile), static_cast<int>(S));
+  }
   dispatch(q.scalar_type(), kp_dtype, K, [&](auto in_tag, auto lo_tag, auto k_tag) {
     using In = decltype(in_tag);
     using Lo = decltype(lo_tag);
@@ -586,11 +646,17 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
            out_or_null(r.d_n0), static_cast<int>(T), static_cast<int>(H), static_cast<int>(seg_tiles),
            static_cast<int>(S), static_cast<float>(scale));
   });
-  launch(gates_backward_kernel, dim3((B * H + kGateWarps - 1) / kGateWarps), dim3(32 * kGateWarps), 0,
-         igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(), fw.m.data_ptr<float>(),
-         dg_n.data_ptr<float>(), dlogw.data_ptr<float>(), ptr_or_null(d_g), ptr_or_null(d_m),
-         r.d_igate.data_ptr<float>(), r.d_fgate.data_ptr<float>(), r.d_m0.data_ptr<float>(), static_cast<int>(B * H),
-         static_cast<int>(T), static_cast<int>(H));
+  auto maps = torch::empty({2, B, H, S}, f32);  // the segments' maps of m's gradient (M, A)
+  const dim3 gate_grid((B * H * S + kGateWarps - 1) / kGateWarps), gate_block(32 * kGateWarps);
+  for (const bool map_only : {true, false}) {
+    if (map_only && S == 1) continue;
+    launch(map_only ? gates_backward_kernel<true> : gates_backward_kernel<false>, gate_grid, gate_block, 0,
+           igate.data_ptr<float>(), fgate.data_ptr<float>(), m0.data_ptr<float>(), fw.m.data_ptr<float>(),
+           dg_n.data_ptr<float>(), dlogw.data_ptr<float>(), ptr_or_null(d_g), ptr_or_null(d_m),
+           maps[0].data_ptr<float>(), maps[1].data_ptr<float>(), r.d_igate.data_ptr<float>(),
+           r.d_fgate.data_ptr<float>(), r.d_m0.data_ptr<float>(), static_cast<int>(B * H), static_cast<int>(T),
+           static_cast<int>(H), static_cast<int>(seg_tiles * kTile), static_cast<int>(S));
+  }
   return r;
 }
 
