@@ -3,7 +3,8 @@
 //
 //   ops     chunked forward+backward of every op family (bf16 inputs, fp32 gates and state, forward
 //           under bf16 autocast as in training) against causal softmax attention through
-//           scaled_dot_product_attention (flash on CUDA); B=8, H=32, D=128, T = 1k..16k.
+//           scaled_dot_product_attention (flash on CUDA); B=8, H=32, D=128, T = 1k..16k. Each cell is
+//           the median of at least 3 runs, of more when they are short (about 0.1 s of runs).
 //   train   stage-3 distillation steps per mixer (teacher bf16 forward + student forward/backward under
 //           bf16 autocast + clipped AdamW step on fp32 weights, as the trainer does) against training the
 //           teacher itself at the same batch; tokens/s, model FLOPs utilisation (6 N per token for the
@@ -51,6 +52,7 @@ namespace linearize {
 namespace {
 
 constexpr double kPeakBf16Flops = 989e12;  // H200 dense bf16 (SXM)
+constexpr double kMinOpsTime = 0.1;        // ops: seconds of timed runs per cell at the least
 
 struct Settings {
   torch::Device device = torch::kCUDA;
@@ -85,13 +87,18 @@ double peak_gib(const torch::Device& d) {
   return 0;
 }
 
-// Median seconds of `reps` runs of fn after `warmup` runs; NaN when it runs out of memory.
-double time_it(const torch::Device& d, int warmup, int reps, const std::function<void()>& fn) {
+// Median seconds of `reps` runs of fn after `warmup` runs; NaN when it runs out of memory. With
+// min_total > 0, short runs are repeated more (up to 200 times), until the timed runs take about
+// min_total seconds in all: a 1 ms op timed 3 times moves with the GPU's clocks from run to run.
+double time_it(const torch::Device& d, int warmup, int reps, const std::function<void()>& fn,
+               double min_total = 0.0) {
   try {
     for (int i = 0; i < warmup; ++i) fn();
     sync(d);
     std::vector<double> t;
     for (int i = 0; i < reps; ++i) {
+      if (i == 1 && min_total > 0.0 && t[0] > 0.0)
+        reps = std::max(reps, std::min(200, static_cast<int>(std::ceil(min_total / t[0]))));
       const auto t0 = std::chrono::steady_clock::now();
       fn();
       sync(d);
@@ -170,10 +177,13 @@ void bench_ops(const Settings& s) {
       auto qh = q.detach().transpose(1, 2).contiguous().requires_grad_(true);
       auto kh = k.detach().transpose(1, 2).contiguous().requires_grad_(true);
       auto vh = v.detach().transpose(1, 2).contiguous().requires_grad_(true);
-      base.push_back(time_it(s.device, 1, 3, [&] {
-        clear_grads({&qh, &kh, &vh});
-        compat::attention(qh, kh, vh, /*causal=*/true, scale).sum().backward();
-      }));
+      base.push_back(time_it(
+          s.device, 1, 3,
+          [&] {
+            clear_grads({&qh, &kh, &vh});
+            compat::attention(qh, kh, vh, /*causal=*/true, scale).sum().backward();
+          },
+          kMinOpsTime));
       std::cerr << "  softmax attention " << fmt(base.back() * 1e3, "%.1f") << " ms\n";
     }
     for (const auto& kind : kinds) {
@@ -200,7 +210,7 @@ void bench_ops(const Settings& s) {
         }
         o.sum().backward();
         ops::set_fused_kernels(true);
-      });
+      }, kMinOpsTime);
       ms[kind.name].push_back(t);
       std::cerr << "  " << kind.name << " " << fmt(t * 1e3, "%.1f") << " ms (peak " << fmt(peak_gib(s.device), "%.1f")
                 << " GiB)\n";
