@@ -47,6 +47,8 @@ namespace {
 constexpr int kTile = 64;  // steps per tile of the normaliser's walks
 constexpr unsigned kAll = 0xffffffffu;
 
+__host__ __device__ __forceinline__ int tiles_of(int64_t T) { return static_cast<int>((T + kTile - 1) / kTile); }
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 template <>
 __device__ __forceinline__ float from_float(float x) { return x; }
@@ -93,10 +95,11 @@ __device__ __forceinline__ float max_state_scan(const Gates& s, float& m_in) {
 }
 
 // m's gradient walked back over 32 steps (one per lane) passes through the maps x -> [forget won]
-// (x + dm) (the identity past T). Scanned in place from the last step: afterwards lane L holds x -> M x + A,
-// the steps L..31 composed (the later ones applied first).
-__device__ __forceinline__ void scan_gradient_maps(float& M, float& A) {
+// (x + dm) (the identity past T), scanned from the last step: afterwards lane L holds x -> M x + A, the
+// steps L..31 composed (the later ones applied first).
+__device__ __forceinline__ void scan_gradient_maps(float dm, bool forget_won, bool live, float& M, float& A) {
   const int lane = threadIdx.x & 31;
+  M = !live || forget_won ? 1.f : 0.f, A = live && forget_won ? dm : 0.f;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
     const float Mo = __shfl_down_sync(kAll, M, off), Ao = __shfl_down_sync(kAll, A, off);
@@ -110,8 +113,8 @@ __device__ __forceinline__ void scan_gradient_maps(float& M, float& A) {
 // leaves as what the first passes back.
 __device__ __forceinline__ float max_state_gradient(float dm, bool forget_won, bool live, float& carry) {
   const int lane = threadIdx.x & 31;
-  float M = !live || forget_won ? 1.f : 0.f, A = live && forget_won ? dm : 0.f;
-  scan_gradient_maps(M, A);
+  float M, A;
+  scan_gradient_maps(dm, forget_won, live, M, A);
   const float through = M * carry + A;               // what this lane's step passes back
   float after = __shfl_down_sync(kAll, through, 1);  // what reaches it from the next step
   if (lane == 31) after = carry;
@@ -156,7 +159,7 @@ template <typename In, typename Lo, int K>
 struct Smem {
   static constexpr size_t sums = (size_t{kTile} * (K + 1) * 4 + 15) / 16 * 16;  // one [kTile][K + 1] fp32
   static constexpr size_t rows_in = size_t{kTile} * K * sizeof(In), rows_lo = size_t{kTile} * K * sizeof(Lo);
-  static constexpr size_t segment_end = rows_in;              // y
+  static constexpr size_t segment_walk = rows_in;             // y
   static constexpr size_t forward = sums + 2 * rows_in;       // prod | q | k
   static constexpr size_t backward = 2 * sums + 2 * rows_in + rows_lo;  // nrow | kprod | q | k | dk'
 };
@@ -169,7 +172,7 @@ __device__ __forceinline__ Segment segment_of(int S, int seg_tiles, int T) {
   Segment x;
   x.bh = blockIdx.x / S, x.s = blockIdx.x % S;
   x.first = x.s * seg_tiles;
-  x.end = min(x.first + seg_tiles, (T + kTile - 1) / kTile);
+  x.end = min(x.first + seg_tiles, tiles_of(T));
   return x;
 }
 
@@ -268,13 +271,15 @@ __global__ void gates_backward_kernel(const float* __restrict__ ig, const float*
   const size_t row = static_cast<size_t>(seg.bh) * T, at = static_cast<size_t>(seg.bh) * S;
   struct Step {
     Gates s;
-    float m_prev, dg, dlogw, dm;
+    bool forget_won;  // m_t = log σ(f_t) + m_{t-1}, not i_t
+    float dg, dlogw, dm;
   };
   auto read = [&](int t) {
     Step x;
     x.s = read_gates(fg + grow, ig + grow, t, T, H);
     const bool live = x.s.live;
-    x.m_prev = !live ? 0.f : t == 0 ? m0[seg.bh] : m[row + t - 1];
+    const float m_prev = !live ? 0.f : t == 0 ? m0[seg.bh] : m[row + t - 1];
+    x.forget_won = x.s.lf + m_prev >= x.s.ig;
     x.dm = live && d_m != nullptr ? d_m[row + t] : 0.f;
     x.dg = live && !MapOnly ? dg_n[row + t] + (d_g != nullptr ? d_g[row + t] : 0.f) : 0.f;
     x.dlogw = live && !MapOnly ? dlogw[row + t] : 0.f;
@@ -283,9 +288,8 @@ __global__ void gates_backward_kernel(const float* __restrict__ ig, const float*
   if (MapOnly) {
     float Ms = 1.f, As = 0.f;  // the identity
     over_groups<true>(seg.begin, seg.end, read, [&](int, const Step& x) {
-      const bool forget_won = x.s.lf + x.m_prev >= x.s.ig;
-      float M = !x.s.live || forget_won ? 1.f : 0.f, A = x.s.live && forget_won ? x.dm : 0.f;
-      scan_gradient_maps(M, A);
+      float M, A;
+      scan_gradient_maps(x.dm, x.forget_won, x.s.live, M, A);
       const float gm = __shfl_sync(kAll, M, 0), ga = __shfl_sync(kAll, A, 0);
       As = gm * As + ga, Ms = gm * Ms;  // the group after what came later
     });
@@ -295,11 +299,10 @@ __global__ void gates_backward_kernel(const float* __restrict__ ig, const float*
   float carry = 0.f, dg_first = 0.f;
   for (int s = S - 1; s > seg.s; --s) carry = map_m[at + s] * carry + map_a[at + s];
   over_groups<true>(seg.begin, seg.end, read, [&](int t, const Step& x) {
-    const bool forget_won = x.s.lf + x.m_prev >= x.s.ig;
-    const float c_t = max_state_gradient(x.dm, forget_won, x.s.live, carry);
+    const float c_t = max_state_gradient(x.dm, x.forget_won, x.s.live, carry);
     if (x.s.live) {
-      d_fg[grow + static_cast<size_t>(t) * H] = (x.dg + (forget_won ? c_t : 0.f)) * sigmoid(-x.s.f);
-      d_ig[grow + static_cast<size_t>(t) * H] = x.dlogw + (forget_won ? 0.f : c_t);
+      d_fg[grow + static_cast<size_t>(t) * H] = (x.dg + (x.forget_won ? c_t : 0.f)) * sigmoid(-x.s.f);
+      d_ig[grow + static_cast<size_t>(t) * H] = x.dlogw + (x.forget_won ? 0.f : c_t);
     }
     if (t == 0) dg_first = x.dg;  // g_0 = log σ(f_0) + m0 - m_0
   });
@@ -358,7 +361,7 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
   In* sk = sq + kTile * K;
   __shared__ float decay[kTile], key_factor[kTile];
   const Segment seg = segment_of(S, seg_tiles, T);
-  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = (T + kTile - 1) / kTile;
+  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = tiles_of(T);
   const size_t stride = static_cast<size_t>(H) * K, row = static_cast<size_t>(seg.bh) * T;
   const In* qh = head_of(q, b, h, T, H, K);
   const In* kh = head_of(k, b, h, T, H, K);
@@ -411,7 +414,7 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
   Lo* sdkp = reinterpret_cast<Lo*>(sk + kTile * K);
   __shared__ float decay[kTile], key_factor[kTile], dden[kTile];
   const Segment seg = segment_of(S, seg_tiles, T);
-  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = (T + kTile - 1) / kTile;
+  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = tiles_of(T);
   const size_t stride = static_cast<size_t>(H) * K, row = static_cast<size_t>(seg.bh) * T;
   const In* qh = head_of(q, b, h, T, H, K);
   const In* kh = head_of(k, b, h, T, H, K);
@@ -541,7 +544,6 @@ void dispatch(torch::ScalarType in, torch::ScalarType lo, int64_t K, Fn fn) {
   });
 }
 
-int64_t tiles_of(int64_t T) { return (T + kTile - 1) / kTile; }
 
 // How the walks split the steps: S segments of seg_tiles tiles each (the last may be shorter), enough
 // blocks to fill the GPU (about 2048 over the batch and heads) while a segment keeps at least one tile.
@@ -597,7 +599,7 @@ MlstmNormaliserForward mlstm_normaliser_forward(const torch::Tensor& q, const to
     constexpr int Kc = decltype(k_tag)::value;
     const dim3 grid(B * H * S);
     if (S > 1)
-      launch(segment_walk_kernel<In, Kc, false>, grid, dim3(Kc), Smem<In, Lo, Kc>::segment_end, data_as<const In>(k),
+      launch(segment_walk_kernel<In, Kc, false>, grid, dim3(Kc), Smem<In, Lo, Kc>::segment_walk, data_as<const In>(k),
              r.g.data_ptr<float>(), r.w.data_ptr<float>(), 1.f, n_local.data_ptr<float>(), static_cast<int>(T),
              static_cast<int>(H), static_cast<int>(seg_tiles), static_cast<int>(S));
     launch(normaliser_forward_kernel<In, Lo, Kc>, grid, dim3(Kc), Smem<In, Lo, Kc>::forward, data_as<const In>(q),
@@ -635,7 +637,7 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
     constexpr int Kc = decltype(k_tag)::value;
     const dim3 grid(B * H * S);
     if (S > 1)
-      launch(segment_walk_kernel<In, Kc, true>, grid, dim3(Kc), Smem<In, Lo, Kc>::segment_end, data_as<const In>(q),
+      launch(segment_walk_kernel<In, Kc, true>, grid, dim3(Kc), Smem<In, Lo, Kc>::segment_walk, data_as<const In>(q),
              fw.g.data_ptr<float>(), ptr_or_null(d_den), static_cast<float>(scale), mu_local.data_ptr<float>(),
              static_cast<int>(T), static_cast<int>(H), static_cast<int>(seg_tiles), static_cast<int>(S));
     launch(normaliser_backward_kernel<In, Lo, Kc>, grid, dim3(Kc), Smem<In, Lo, Kc>::backward, data_as<const In>(q),
