@@ -7,6 +7,8 @@
 #   profile-ops  per-kernel times (ncu) of `ops --quick ${OPS_ARGS}`, summed by kernel (bench/gpu/kernel_times.py)
 #   profile-detail  ncu's throughput, occupancy and warp-state sections for the first four fused kernels
 #                of `ops --quick ${OPS_ARGS}` (one forward+backward), with the headline lines printed
+#   profile-source  ncu's warp-stall samples per CUDA source line for the kernels matching SOURCE_KERNELS
+#                (default "ut_|delta_") in `ops --quick ${OPS_ARGS}`, summed by bench/gpu/source_hotspots.py
 #   launch       bench/gpu/launch_overhead.sh (issue 8: launch with one GPU vs a plain run)
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
 # OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64 --only retnet+",
@@ -45,6 +47,10 @@ for step in "$@"; do
                       build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-detail.txt" 2>&1
                     grep -E "^  void|Duration|DRAM Throughput  |L1/TEX Cache Throughput|Issue Slots Busy|Achieved Occupancy" \
                       "$OUT/profile-detail.txt" | sed -E 's/\(const T1.*//' ;;
+    profile-source) ncu --clock-control none --section SourceCounters --section WarpStateStats --import-source yes \
+                      -k regex:"${SOURCE_KERNELS:-ut_|delta_}" --launch-count ${SOURCE_LAUNCHES:-4} -f -o "$OUT/source" \
+                      build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-source.log" 2>&1
+                    python3 bench/gpu/source_hotspots.py "$OUT/source.ncu-rep" | tee "$OUT/profile-source.md" ;;
     bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
     launch) bench/gpu/launch_overhead.sh build-gpu .device/shared/data/tokenizers/smollm2-tokenizer.json \
               .device/shared/data/corpus/tinystories_val.txt /tmp/launch_work > "$OUT/launch.log" 2>&1; cat "$OUT/launch.log" | tail -8 ;;

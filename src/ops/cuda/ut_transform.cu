@@ -128,20 +128,55 @@ __device__ void decayed_scores(float* L, const E* Kb, const E* k, const float* G
   }
 }
 
-// T = (I + L)^{-1} by 16x16 blocks, all in fp32. With D_i = I + L_ii the diagonal blocks,
-//   T_ii = D_i^{-1}                                  (forward substitution, one thread per column)
-//   T_ij = -T_ii Σ_{k=j}^{i-1} L_ik T_kj   for j < i (block row by block row, every thread)
-// The blocks above the diagonal are zeros. L is zero on and above the diagonal.
+using Acc8 = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+
+// acc += Σ_{s = s0}^{s1-1} X(R, s) Y(s, Cc) over fp32 tiles of 16x8 and 8x16 ([., ld] row-major, or read
+// transposed when TransX / TransY), on tensor cores as three TF32 products of the split x = hi + lo
+// (lo·hi + hi·lo + hi·hi): close to fp32, which the difference of close terms in dL needs.
+template <bool TransX, bool TransY>
+__device__ __forceinline__ void product_tile_3xtf32(Acc8& acc, const float* X, const float* Y, int ld, int R, int Cc,
+                                                    int s0, int s1) {
+  using LX = std::conditional_t<TransX, wmma::col_major, wmma::row_major>;
+  using LY = std::conditional_t<TransY, wmma::col_major, wmma::row_major>;
+  wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LX> a_hi, a_lo;
+  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LY> b_hi, b_lo;
+  auto split = [](auto& hi, auto& lo) {
+#pragma unroll
+    for (int i = 0; i < hi.num_elements; ++i) {
+      const float x = hi.x[i], h = wmma::__float_to_tf32(x);
+      hi.x[i] = h, lo.x[i] = wmma::__float_to_tf32(x - h);
+    }
+  };
+  for (int s = s0; s < s1; ++s) {
+    wmma::load_matrix_sync(a_hi, TransX ? X + s * 8 * ld + R * 16 : X + R * 16 * ld + s * 8, ld);
+    wmma::load_matrix_sync(b_hi, TransY ? Y + Cc * 16 * ld + s * 8 : Y + s * 8 * ld + Cc * 16, ld);
+    split(a_hi, a_lo), split(b_hi, b_lo);
+    wmma::mma_sync(acc, a_lo, b_hi, acc);
+    wmma::mma_sync(acc, a_hi, b_lo, acc);
+    wmma::mma_sync(acc, a_hi, b_hi, acc);
+  }
+}
+
+// T = (I + L)^{-1} by 16x16 blocks, in fp32 (L is zero on and above the diagonal). With D_i = I + L_ii,
+//   T_ii = D_i^{-1}                                  (forward substitution: one thread per column, held in registers)
+//   T_ij = -T_ii Σ_{k=j}^{i-1} L_ik T_kj   for j < i (block row by block row: warp j, two 3xTF32 products)
+// The blocks above the diagonal are zeros.
 __device__ void unit_lower_inverse_blocks(float* T, const float* L) {
   constexpr int ld = Sizes::ld32, kB = 16, kBlocks = kC / kB;
   const int tid = threadIdx.x;
-  if (tid < kC) {  // column c of diagonal block b
-    const int b = tid / kB, c = tid;
-    for (int r = b * kB; r < (b + 1) * kB; ++r) {
-      float x = r == c ? 1.f : 0.f;
-      for (int j = c; j < r; ++j) x -= L[r * ld + j] * T[j * ld + c];
-      T[r * ld + c] = x;  // zero above the diagonal (r < c)
+  if (tid < kC) {  // column c of diagonal block b; x[r] = T[base + r][base + c], zero for r < c
+    const int base = tid / kB * kB, c = tid % kB;
+    float x[kB];
+#pragma unroll
+    for (int r = 0; r < kB; ++r) {
+      const float* row = L + (base + r) * ld + base;
+      float y = r == c ? 1.f : 0.f;
+#pragma unroll
+      for (int j = 0; j < r; ++j) y -= row[j] * x[j];
+      x[r] = y;
     }
+#pragma unroll
+    for (int r = 0; r < kB; ++r) T[(base + r) * ld + base + c] = x[r];
   } else {
     for (int e = tid - kC; e < kC * kC; e += kThreads - kC) {
       const int r = e / kC, c = e % kC;
@@ -149,37 +184,25 @@ __device__ void unit_lower_inverse_blocks(float* T, const float* L) {
     }
   }
   __syncthreads();
-  static_assert(kThreads == kB * kB, "one thread per element of a 16x16 block");
-  const int rr = tid / kB, cc = tid % kB;
+  static_assert(kWarps >= kBlocks - 1, "one warp per block of a block row");
+  const int j = tid / 32;
   for (int i = 1; i < kBlocks; ++i) {
-    const int r = i * kB + rr;
-    float p[kBlocks - 1];
-    // P_ij = Σ_k L_ik T_kj, for every j < i (T_kj is zero for k < j, its rows start at j's block)
+    if (j < i) {
+      // P_ij = Σ_k L_ik T_kj into T's block (i, j): still unwritten, and read by this warp only.
+      float* Tij = T + i * kB * ld + j * kB;
+      Acc8 acc;
+      wmma::fill_fragment(acc, 0.f);
+      product_tile_3xtf32<false, false>(acc, L, T, ld, i, j, 2 * j, 2 * i);
+      wmma::store_matrix_sync(Tij, acc, ld, wmma::mem_row_major);
+      __syncwarp();
+      // T_ij = -T_ii P_ij, in place (the warp holds P_ij's fragments before it stores).
+      wmma::fill_fragment(acc, 0.f);
+      product_tile_3xtf32<false, false>(acc, T, T, ld, i, j, 2 * i, 2 * i + 2);
 #pragma unroll
-    for (int j = 0; j < kBlocks - 1; ++j) {
-      if (j >= i) break;
-      const int c = j * kB + cc;
-      float x = 0.f;
-      for (int k = j * kB; k < i * kB; ++k) x += L[r * ld + k] * T[k * ld + c];
-      p[j] = x;
+      for (int e = 0; e < acc.num_elements; ++e) acc.x[e] = -acc.x[e];
+      __syncwarp();
+      wmma::store_matrix_sync(Tij, acc, ld, wmma::mem_row_major);
     }
-#pragma unroll
-    for (int j = 0; j < kBlocks - 1; ++j)
-      if (j < i) T[r * ld + j * kB + cc] = p[j];
-    __syncthreads();
-    // T_ij = -T_ii P_ij (T_ii lower with a unit diagonal)
-#pragma unroll
-    for (int j = 0; j < kBlocks - 1; ++j) {
-      if (j >= i) break;
-      const int c = j * kB + cc;
-      float x = T[r * ld + c];
-      for (int m = 0; m < rr; ++m) x += T[r * ld + i * kB + m] * T[(i * kB + m) * ld + c];
-      p[j] = -x;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kBlocks - 1; ++j)
-      if (j < i) T[r * ld + j * kB + cc] = p[j];
     __syncthreads();
   }
 }
@@ -233,35 +256,6 @@ __device__ __forceinline__ float row_sum(float part) {
 #pragma unroll
   for (int off = kD / 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
   return part;
-}
-
-using Acc8 = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
-
-// acc += Σ_{s = s0}^{s1-1} X(R, s) Y(s, Cc) over fp32 tiles of 16x8 and 8x16 ([., ld] row-major, or read
-// transposed when TransX / TransY), on tensor cores as three TF32 products of the split x = hi + lo
-// (lo·hi + hi·lo + hi·hi): close to fp32, which the difference of close terms in dL needs.
-template <bool TransX, bool TransY>
-__device__ __forceinline__ void product_tile_3xtf32(Acc8& acc, const float* X, const float* Y, int ld, int R, int Cc,
-                                                    int s0, int s1) {
-  using LX = std::conditional_t<TransX, wmma::col_major, wmma::row_major>;
-  using LY = std::conditional_t<TransY, wmma::col_major, wmma::row_major>;
-  wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LX> a_hi, a_lo;
-  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LY> b_hi, b_lo;
-  auto split = [](auto& hi, auto& lo) {
-#pragma unroll
-    for (int i = 0; i < hi.num_elements; ++i) {
-      const float x = hi.x[i], h = wmma::__float_to_tf32(x);
-      hi.x[i] = h, lo.x[i] = wmma::__float_to_tf32(x - h);
-    }
-  };
-  for (int s = s0; s < s1; ++s) {
-    wmma::load_matrix_sync(a_hi, TransX ? X + s * 8 * ld + R * 16 : X + R * 16 * ld + s * 8, ld);
-    wmma::load_matrix_sync(b_hi, TransY ? Y + Cc * 16 * ld + s * 8 : Y + s * 8 * ld + Cc * 16, ld);
-    split(a_hi, a_lo), split(b_hi, b_lo);
-    wmma::mma_sync(acc, a_lo, b_hi, acc);
-    wmma::mma_sync(acc, a_hi, b_lo, acc);
-    wmma::mma_sync(acc, a_hi, b_hi, acc);
-  }
 }
 
 // Given: as in the forward, and d_scores receives dA; otherwise scores and d_scores are unused.
