@@ -88,6 +88,10 @@ __device__ __forceinline__ void load8(const float* src, float (&f)[8]) {
   const float4 a = *reinterpret_cast<const float4*>(src), b = *reinterpret_cast<const float4*>(src + 4);
   f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
+__device__ __forceinline__ void store8(float* dst, const float (&f)[8]) {
+  *reinterpret_cast<float4*>(dst) = make_float4(f[0], f[1], f[2], f[3]);
+  *reinterpret_cast<float4*>(dst + 4) = make_float4(f[4], f[5], f[6], f[7]);
+}
 
 constexpr size_t round32(size_t x) { return (x + 31) / 32 * 32; }
 

@@ -107,12 +107,14 @@ __device__ void scaled_rows(E* Kb, E* Kg, E* Vb, const E* k, const E* v, const f
 // L = strictly lower part of diag(beta) A, fp32 [C, ld32], from the given scores A [C, C] (16-bit, global).
 template <typename E>
 __device__ void given_scores(float* L, const E* __restrict__ A, const float* beta) {
+#pragma unroll
   for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
     const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
     float x[8];
     unpack8<E>(reinterpret_cast<const uint4*>(A)[i], x);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) L[r * Sizes::ld32 + c + j] = c + j < r ? beta[r] * x[j] : 0.f;
+    for (int j = 0; j < 8; ++j) x[j] = c + j < r ? beta[r] * x[j] : 0.f;
+    store8(L + r * Sizes::ld32 + c, x);
   }
 }
 
@@ -121,10 +123,15 @@ template <typename E>
 __device__ void decayed_scores(float* L, const E* Kb, const E* k, const float* G) {
   scores_into_stage<kD>(L, Sizes::ld32, Kb, k, Sizes::ld);
   __syncthreads();
-  for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-    const int i = e / kC, j = e % kC;
-    float& x = L[i * Sizes::ld32 + j];
-    x = j < i ? x * __expf(G[i] - G[j]) : 0.f;  // tiles above the diagonal were never written
+#pragma unroll
+  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // eight columns an item
+    const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
+    float x[8] = {};
+    if (j0 < i) load8(L + i * Sizes::ld32 + j0, x);  // tiles above the diagonal were never written
+    const float Gi = G[i];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = j0 + j < i ? x[j] * __expf(Gi - G[j0 + j]) : 0.f;
+    store8(L + i * Sizes::ld32 + j0, x);
   }
 }
 
@@ -177,10 +184,10 @@ __device__ void unit_lower_inverse_blocks(float* T, const float* L) {
     }
 #pragma unroll
     for (int r = 0; r < kB; ++r) T[(base + r) * ld + base + c] = x[r];
-  } else {
-    for (int e = tid - kC; e < kC * kC; e += kThreads - kC) {
-      const int r = e / kC, c = e % kC;
-      if (r / kB < c / kB) T[r * ld + c] = 0.f;
+  } else {  // the blocks above the diagonal, four columns an item
+    for (int e = tid - kC; e < kC * kC / 4; e += kThreads - kC) {
+      const int r = e / (kC / 4), c = (e % (kC / 4)) * 4;
+      if (r / kB < c / kB) *reinterpret_cast<float4*>(T + r * ld + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
   __syncthreads();
@@ -344,11 +351,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   } else {
     // R = dL ⊙ exp(G_i - G_j) in fp32 into A in place and in 16-bit where v was (v is read again at the end);
     // zeros on and above the diagonal.
-    for (int e = threadIdx.x; e < kC * kC; e += kThreads) {
-      const int i = e / kC, j = e % kC;
-      const float r = j < i ? A[i * S::ld32 + j] * __expf(G[i] - G[j]) : 0.f;
-      R16[i * S::ldc + j] = from_float<E>(r);
-      A[i * S::ld32 + j] = r;
+#pragma unroll
+    for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // eight columns an item
+      const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
+      float r[8] = {};
+      if (j0 < i) load8(A + i * S::ld32 + j0, r);
+      const float Gi = G[i];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r[j] = j0 + j < i ? r[j] * __expf(Gi - G[j0 + j]) : 0.f;
+      *reinterpret_cast<uint4*>(R16 + i * S::ldc + j0) = pack8<E>(r);
+      store8(A + i * S::ld32 + j0, r);
     }
     __syncthreads();
     // dL ⊙ L = R ⊙ (Kb k^T) into A, tile by tile: the scores' fragment and A's, loaded as the same
@@ -366,20 +378,24 @@ __global__ void __launch_bounds__(kThreads, 2)
       wmma::store_matrix_sync(at_tile, r, S::ld32, wmma::mem_row_major);
     }
     __syncthreads();
-    // dG from dL ⊙ L: its row sums minus its column sums; threads 0..63 rows, 64..127 columns.
-    if (threadIdx.x < 2 * kC) {
-      const int r = threadIdx.x % kC;
-      float s = 0.f;
-      if (threadIdx.x < kC) {
-        for (int j = 0; j < kC; ++j) s += A[r * S::ld32 + j];
-        sdG[r] = s;
-      } else {
-        for (int i = 0; i < kC; ++i) s += A[i * S::ld32 + r];
-        sdbeta[r] = s;  // the column sums, for a moment
+    // dG from dL ⊙ L: its row sums minus its column sums, four threads an index r (each a quarter of row r
+    // and of column r, the column's rows interleaved so that the four quarters fall in different banks).
+    {
+      const int r = threadIdx.x / 4, q = threadIdx.x % 4;
+      float row = 0.f, col = 0.f;
+#pragma unroll
+      for (int c = 0; c < kC / 4; c += 4) {
+        const float4 x = *reinterpret_cast<const float4*>(A + r * S::ld32 + q * (kC / 4) + c);
+        row += (x.x + x.y) + (x.z + x.w);
       }
+#pragma unroll
+      for (int i = 0; i < kC / 4; ++i) col += A[(4 * i + q) * S::ld32 + r];
+      float d = row - col;
+      d += __shfl_xor_sync(0xffffffffu, d, 1);
+      d += __shfl_xor_sync(0xffffffffu, d, 2);
+      if (q == 0) sdG[r] = d;
     }
-    __syncthreads();
-    if (threadIdx.x < kC) sdG[threadIdx.x] -= sdbeta[threadIdx.x];
+    __syncthreads();  // A is overwritten next
     // dKb = R k into A, dKg = T^T dW into Bm.
     two_tiles_into_stage<kD>(
         A, Bm, S::ld32,
