@@ -381,6 +381,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     // dG from dL ⊙ L: its row sums minus its column sums, four threads an index r (each a quarter of row r
     // and of column r, the column's rows interleaved so that the four quarters fall in different banks).
     {
+      static_assert(kThreads == 4 * kC, "four threads an index");
       const int r = threadIdx.x / 4, q = threadIdx.x % 4;
       float row = 0.f, col = 0.f;
 #pragma unroll
