@@ -475,12 +475,8 @@ __device__ __forceinline__ void load8_as_float(const E* src, float (&f)[8]) {
 }
 template <typename E>
 __device__ __forceinline__ void store8_from_float(E* dst, const float (&f)[8]) {
-  if constexpr (std::is_same_v<E, float>) {
-    reinterpret_cast<float4*>(dst)[0] = make_float4(f[0], f[1], f[2], f[3]);
-    reinterpret_cast<float4*>(dst)[1] = make_float4(f[4], f[5], f[6], f[7]);
-  } else {
-    *reinterpret_cast<uint4*>(dst) = pack8<E>(f);
-  }
+  if constexpr (std::is_same_v<E, float>) store8(dst, f);
+  else *reinterpret_cast<uint4*>(dst) = pack8<E>(f);
 }
 
 // The denominator of row r = (b, t, h) of [B,T,H,V] in denom [B,H,T].
