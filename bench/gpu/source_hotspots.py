@@ -33,6 +33,9 @@ def import_ncu_report():
     sys.exit("source_hotspots.py: ncu_report.py (Nsight Compute's extras/python) not found")
 
 
+STALLED = "smsp__pcsamp_warps_issue_stalled_"
+
+
 def per_pc(action, name):
     """{pc: value} of an instanced per-instruction metric, or {} when the launch has none."""
     metric = action.metric_by_name(name)
@@ -42,42 +45,49 @@ def per_pc(action, name):
     return {pcs.as_uint64(i): metric.as_double(i) for i in range(metric.num_instances())}
 
 
+def stalls_by_line(action):
+    """{(file, line): {stall reason: samples}} over every instruction of one profiled launch."""
+    lines = defaultdict(lambda: defaultdict(float))
+    for name in action.metric_names():
+        if not name.startswith(STALLED) or name.endswith("_not_issued"):
+            continue
+        for pc, value in per_pc(action, name).items():
+            info = action.source_info(pc)
+            key = (info.file_name(), info.line()) if info else ("?", 0)
+            lines[key][name[len(STALLED):]] += value
+    return lines
+
+
+def source_text(cache, path, line):
+    if path not in cache:
+        cache[path] = open(path).read().splitlines() if os.path.isfile(path) else []
+    text = cache[path]
+    return text[line - 1].strip()[:90] if 0 < line <= len(text) else ""
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 25
     ncu_report = import_ncu_report()
     report = ncu_report.load_report(sys.argv[1])
-    sources = {}
+    cache = {}
     for r in range(report.num_ranges()):
         rng = report.range_by_idx(r)
         for a in range(rng.num_actions()):
             action = rng.action_by_idx(a)
-            names = [n for n in action.metric_names() if n.startswith("smsp__pcsamp_warps_issue_stalled_")
-                     and not n.endswith("_not_issued")]
-            by_line = defaultdict(float)
-            reasons = defaultdict(lambda: defaultdict(float))
-            for name in names:
-                reason = name[len("smsp__pcsamp_warps_issue_stalled_"):]
-                for pc, value in per_pc(action, name).items():
-                    info = action.source_info(pc)
-                    key = (info.file_name(), info.line()) if info else ("?", 0)
-                    if key[0] not in sources:
-                        sources[key[0]] = open(key[0]).read().splitlines() if os.path.isfile(key[0]) else []
-                    by_line[key] += value
-                    reasons[key][reason] += value
-            total = sum(by_line.values())
+            lines = {key: (sum(reasons.values()), reasons) for key, reasons in stalls_by_line(action).items()}
+            total = sum(samples for samples, _ in lines.values())
             print(f"\n### {action.name()} ({int(total)} samples)\n")
             if not total:
                 print("no per-instruction samples (was SourceCounters collected?)")
                 continue
             print("| file:line | share | main stalls | source |\n|---|---|---|---|")
-            for key, value in sorted(by_line.items(), key=lambda kv: -kv[1])[:top]:
-                stalls = sorted(reasons[key].items(), key=lambda kv: -kv[1])[:2]
-                stall = ", ".join(f"{n} {100 * v / value:.0f}%" for n, v in stalls)
-                lines = sources.get(key[0], [])
-                text = lines[key[1] - 1].strip()[:90] if 0 < key[1] <= len(lines) else ""
-                print(f"| {os.path.basename(key[0])}:{key[1]} | {100 * value / total:.1f}% | {stall} | `{text}` |")
+            for (path, line), (samples, reasons) in sorted(lines.items(), key=lambda kv: -kv[1][0])[:top]:
+                main_stalls = sorted(reasons.items(), key=lambda kv: -kv[1])[:2]
+                stall = ", ".join(f"{n} {100 * v / samples:.0f}%" for n, v in main_stalls)
+                print(f"| {os.path.basename(path)}:{line} | {100 * samples / total:.1f}% | {stall} | "
+                      f"`{source_text(cache, path, line)}` |")
 
 
 if __name__ == "__main__":
