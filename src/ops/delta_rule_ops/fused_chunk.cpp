@@ -32,21 +32,27 @@ struct DeltaWalkFunction : public torch::autograd::Function<DeltaWalkFunction> {
                                const torch::Tensor& w, const torch::Tensor& u, const torch::Tensor& g,
                                const torch::Tensor& h0, double scale) {
     auto r = cuda_kernels::delta_walk_forward(q, k, w, u, present(g), present(h0), scale);
-    ctx->save_for_backward({q, k, w, u, g, h0, r.final_state});
+    ctx->save_for_backward({q, k, w, g, h0, r.final_state});  // the backward reads V', not u
     ctx->saved_data["states"] = r.states;
+    ctx->saved_data["scores"] = r.scores;
+    ctx->saved_data["values"] = r.values;
     ctx->saved_data["scale"] = scale;
     return {r.o, r.final_state};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &w = saved[2], &u = saved[3], &final_state = saved[6];
-    const auto g = present(saved[4]), h0 = present(saved[5]);
+    const auto &q = saved[0], &k = saved[1], &w = saved[2], &final_state = saved[5];
+    const auto g = present(saved[3]), h0 = present(saved[4]);
     auto d_out = grads[0].defined() ? aligned_rows(grads[0].to(q.scalar_type())) : torch::zeros_like(q);
     auto d_final = grads[1].defined() ? aligned_rows(grads[1].to(torch::kFloat)) : torch::Tensor();
     const bool want_dg = g.defined() && ctx->needs_input_grad(4);
-    auto r = cuda_kernels::delta_walk_backward(q, k, w, u, g, ctx->saved_data["states"].toTensor(), d_out, d_final,
-                                               ctx->saved_data["scale"].toDouble(), h0.defined(), want_dg);
+    cuda_kernels::DeltaWalkForward forward;
+    forward.states = ctx->saved_data["states"].toTensor();
+    forward.scores = ctx->saved_data["scores"].toTensor();
+    forward.values = ctx->saved_data["values"].toTensor();
+    auto r = cuda_kernels::delta_walk_backward(q, k, w, g, forward, d_out, d_final, ctx->saved_data["scale"].toDouble(),
+                                               h0.defined(), want_dg);
     torch::Tensor dg;
     if (want_dg) dg = walk_decay_gradient(r.dot_q, r.dot_k, r.dot_w, 64, d_final, final_state);
     return {r.dq, r.dk, r.dw, r.du, dg, h0.defined() ? r.d_initial : torch::Tensor(), torch::Tensor()};
