@@ -4,6 +4,8 @@
 // and kernels; what they have in common lies here:
 //   - 16-bit <-> fp32 conversion of single values (to_float, from_float) and of 16-byte words (Elem,
 //     unpack8, pack8, load8);
+//   - a 16x16 fp32 accumulator tile in mma.sync's register layout (Acc, zero, store_tile, load_tile) and
+//     16-bit operand tiles loaded with ldmatrix (product_tile);
 //   - tile products (product_tile, score_tile, scores_into_stage, lower_tiles_into_stage, tiles_into_stage,
 //     two_tiles_into_stage, accumulate_state, update_state) over
 //     row-major tiles, and x - y row by row (subtract_rows);
@@ -111,26 +113,108 @@ __device__ __forceinline__ T* view(unsigned char* smem, size_t offset) {
   return reinterpret_cast<T*>(smem + offset);
 }
 
-using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+// A 16x16 fp32 accumulator tile as two 16x8 halves in the register layout of mma.sync.m16n8k16 (PTX ISA,
+// "Matrix fragments for mma.m16n8k16"): lane l, with g = l / 4 and t = l % 4, holds in x[4h .. 4h+3] the
+// elements (g, 8h + 2t), (g, 8h + 2t + 1), (g + 8, 8h + 2t), (g + 8, 8h + 2t + 1). Element-wise work on two
+// tiles (a.x[i] * b.x[i]) needs nothing more than that both are Acc.
+struct Acc {
+  static constexpr int num_elements = 8;
+  float x[num_elements];
+};
+
+__device__ __forceinline__ void zero(Acc& a) {
+#pragma unroll
+  for (int i = 0; i < Acc::num_elements; ++i) a.x[i] = 0.f;
+}
+
+// The tile to / from fp32 row-major memory [16, ld] (ld even).
+__device__ __forceinline__ void store_tile(float* p, const Acc& a, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float* r = p + g * ld + 8 * h + 2 * t;
+    *reinterpret_cast<float2*>(r) = make_float2(a.x[4 * h], a.x[4 * h + 1]);
+    *reinterpret_cast<float2*>(r + 8 * ld) = make_float2(a.x[4 * h + 2], a.x[4 * h + 3]);
+  }
+}
+__device__ __forceinline__ void load_tile(Acc& a, const float* p, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float* r = p + g * ld + 8 * h + 2 * t;
+    const float2 top = *reinterpret_cast<const float2*>(r), bottom = *reinterpret_cast<const float2*>(r + 8 * ld);
+    a.x[4 * h] = top.x, a.x[4 * h + 1] = top.y, a.x[4 * h + 2] = bottom.x, a.x[4 * h + 3] = bottom.y;
+  }
+}
+
+// The same two for WMMA accumulators (ut_transform.cu's TF32 products).
+template <int M, int N, int K>
+__device__ __forceinline__ void zero(wmma::fragment<wmma::accumulator, M, N, K, float>& f) {
+  wmma::fill_fragment(f, 0.f);
+}
+template <int M, int N, int K>
+__device__ __forceinline__ void store_tile(float* p, const wmma::fragment<wmma::accumulator, M, N, K, float>& f,
+                                           int ld) {
+  wmma::store_matrix_sync(p, f, ld, wmma::mem_row_major);
+}
 
 template <typename E>
 __device__ __forceinline__ const E* tile(const E* m, int ld, int r16, int c16) {
   return m + r16 * 16 * ld + c16 * 16;
 }
 
+// Four 8x8 16-bit matrices from shared memory, lanes 8i .. 8i+7 giving the row addresses of matrix i; lane l
+// receives in r[i] row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of matrix i, or with Trans rows 2 (l % 4)
+// and 2 (l % 4) + 1 of column l / 4.
+template <bool Trans>
+__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* row) {
+  const auto at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (Trans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+
+// d += a b for one 16x8 half of an Acc: a a 16x16 row-major operand, b a 16x8 column-major one.
+template <typename E>
+__device__ __forceinline__ void mma_16x8x16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<E, __half>)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // acc += Σ_{s = s0}^{s1-1} X(R, s) Y(s, Cc) over 16x16 tiles, X row-major [., ldx] (or its transpose when
-// TransX), Y row-major [., ldy] (or its transpose when TransY).
+// TransX), Y row-major [., ldy] (or its transpose when TransY), both in shared memory with 16-byte aligned
+// rows. Each operand tile is one ldmatrix of its four 8x8 quarters, transposing where the stored layout is
+// not the one mma takes: the row operand a as a0..a3 = quarters (0-7, 0-7), (8-15, 0-7), (0-7, 8-15),
+// (8-15, 8-15) of (row, k); the column operand b as b0, b1 of half 0 then of half 1 = quarters (k 0-7,
+// n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
 template <bool TransX, bool TransY, typename E>
 __device__ __forceinline__ void product_tile(Acc& acc, const E* X, int ldx, const E* Y, int ldy, int R, int Cc,
                                              int s0, int s1) {
-  using LX = std::conditional_t<TransX, wmma::col_major, wmma::row_major>;
-  using LY = std::conditional_t<TransY, wmma::col_major, wmma::row_major>;
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, E, LX> a;
-  wmma::fragment<wmma::matrix_b, 16, 16, 16, E, LY> b;
+  const int lane = threadIdx.x % 32, eighth = lane % 8, second = (lane / 8) % 2, upper = lane / 16;
+  // The stored row and column this lane addresses within a tile: quarter lane / 8 of the order above.
+  const int xr = TransX ? eighth + 8 * upper : lane % 16, xc = TransX ? 8 * second : 8 * upper;
+  const int yr = TransY ? eighth + 8 * upper : eighth + 8 * second, yc = TransY ? 8 * second : 8 * upper;
   for (int s = s0; s < s1; ++s) {
-    wmma::load_matrix_sync(a, TransX ? tile(X, ldx, s, R) : tile(X, ldx, R, s), ldx);
-    wmma::load_matrix_sync(b, TransY ? tile(Y, ldy, Cc, s) : tile(Y, ldy, s, Cc), ldy);
-    wmma::mma_sync(acc, a, b, acc);
+    const E* x = TransX ? tile(X, ldx, s, R) : tile(X, ldx, R, s);
+    const E* y = TransY ? tile(Y, ldy, Cc, s) : tile(Y, ldy, s, Cc);
+    uint32_t a[4], b[4];
+    load_matrices<TransX>(a, x + xr * ldx + xc);
+    load_matrices<!TransY>(b, y + yr * ldy + yc);
+    mma_16x8x16<E>(acc.x, a, b[0], b[1]);
+    mma_16x8x16<E>(acc.x + 4, a, b[2], b[3]);
   }
 }
 
@@ -254,9 +338,9 @@ __device__ void score_tile(float* raw, int ld32, const E* X, const E* Y, int ld,
   int R, Cc;
   lower_tile(t, R, Cc);
   Acc acc;
-  wmma::fill_fragment(acc, 0.f);
+  zero(acc);
   product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
-  wmma::store_matrix_sync(raw + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+  store_tile(raw + R * 16 * ld32 + Cc * 16, acc, ld32);
 }
 
 // Every 16x16 tile on or below the diagonal of a [C, C] fp32 result (row stride ld32), spread over the
@@ -268,9 +352,9 @@ __device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, B
     int R, Cc;
     lower_tile(t, R, Cc);
     F acc;
-    wmma::fill_fragment(acc, 0.f);
+    zero(acc);
     body(acc, R, Cc);
-    wmma::store_matrix_sync(stage + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+    store_tile(stage + R * 16 * ld32 + Cc * 16, acc, ld32);
   }
 }
 
@@ -303,9 +387,9 @@ __device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body bo
   for (int t = threadIdx.x / 32; t < kRowTiles * (D / 16); t += kWarps) {
     const int R = t / (D / 16), Cc = t % (D / 16);
     Acc acc;
-    wmma::fill_fragment(acc, 0.f);
+    zero(acc);
     body(acc, R, Cc);
-    wmma::store_matrix_sync(stage + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+    store_tile(stage + R * 16 * ld32 + Cc * 16, acc, ld32);
   }
 }
 
@@ -319,10 +403,10 @@ __device__ __forceinline__ void two_tiles_into_stage(float* stage0, float* stage
     const bool is_second = t >= kTiles;
     const int R = (t % kTiles) / (D / 16), Cc = (t % kTiles) % (D / 16);
     Acc acc;
-    wmma::fill_fragment(acc, 0.f);
+    zero(acc);
     if (!is_second) first(acc, R, Cc);
     else second(acc, R, Cc);
-    wmma::store_matrix_sync((is_second ? stage1 : stage0) + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+    store_tile((is_second ? stage1 : stage0) + R * 16 * ld32 + Cc * 16, acc, ld32);
   }
 }
 
@@ -333,11 +417,11 @@ __device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay
   for (int t = threadIdx.x / 32; t < (K / 16) * (V / 16); t += kWarps) {
     const int R = t / (V / 16), Cc = t % (V / 16);
     Acc acc;
-    wmma::load_matrix_sync(acc, S + R * 16 * ld32 + Cc * 16, ld32, wmma::mem_row_major);
+    load_tile(acc, S + R * 16 * ld32 + Cc * 16, ld32);
 #pragma unroll
     for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= decay;
     body(acc, R, Cc);
-    wmma::store_matrix_sync(S + R * 16 * ld32 + Cc * 16, acc, ld32, wmma::mem_row_major);
+    store_tile(S + R * 16 * ld32 + Cc * 16, acc, ld32);
   }
 }
 

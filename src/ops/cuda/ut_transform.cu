@@ -198,17 +198,17 @@ __device__ void unit_lower_inverse_blocks(float* T, const float* L) {
       // P_ij = Σ_k L_ik T_kj into T's block (i, j): still unwritten, and read by this warp only.
       float* Tij = T + i * kB * ld + j * kB;
       Acc8 acc;
-      wmma::fill_fragment(acc, 0.f);
+      zero(acc);
       product_tile_3xtf32<false, false>(acc, L, T, ld, i, j, 2 * j, 2 * i);
-      wmma::store_matrix_sync(Tij, acc, ld, wmma::mem_row_major);
+      store_tile(Tij, acc, ld);
       __syncwarp();
       // T_ij = -T_ii P_ij, in place (the warp holds P_ij's fragments before it stores).
-      wmma::fill_fragment(acc, 0.f);
+      zero(acc);
       product_tile_3xtf32<false, false>(acc, T, T, ld, i, j, 2 * i, 2 * i + 2);
 #pragma unroll
       for (int e = 0; e < acc.num_elements; ++e) acc.x[e] = -acc.x[e];
       __syncwarp();
-      wmma::store_matrix_sync(Tij, acc, ld, wmma::mem_row_major);
+      store_tile(Tij, acc, ld);
     }
     __syncthreads();
   }
@@ -369,13 +369,13 @@ __global__ void __launch_bounds__(kThreads, 2)
       int R, Cc;
       lower_tile(t, R, Cc);
       Acc scores, r;
-      wmma::fill_fragment(scores, 0.f);
+      zero(scores);
       product_tile<false, true>(scores, Kb, S::ld, sk, S::ld, R, Cc, 0, kD / 16);
       float* at_tile = A + R * 16 * S::ld32 + Cc * 16;
-      wmma::load_matrix_sync(r, at_tile, S::ld32, wmma::mem_row_major);
+      load_tile(r, at_tile, S::ld32);
 #pragma unroll
       for (int i = 0; i < r.num_elements; ++i) r.x[i] *= scores.x[i];
-      wmma::store_matrix_sync(at_tile, r, S::ld32, wmma::mem_row_major);
+      store_tile(at_tile, r, S::ld32);
     }
     __syncthreads();
     // dG from dL ⊙ L: its row sums minus its column sums, four threads an index r (each a quarter of row r

@@ -170,9 +170,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int I = warp < 1 ? 1 : warp < 3 ? 2 : 3, J = warp - (I * (I - 1)) / 2;
     const E* Xm = X + (I - 1) * kC * S::ld;
     Acc acc;
-    wmma::fill_fragment(acc, 0.f);
+    zero(acc);
     product_tile<false, true>(acc, Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
-    wmma::store_matrix_sync(stage + I * kSub * S::ld32 + J * kSub, acc, S::ld32, wmma::mem_row_major);
+    store_tile(stage + I * kSub * S::ld32 + J * kSub, acc, S::ld32);
   }
   // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; below, sG holds them from
   // each sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i. Thread (I, p, e):
@@ -236,15 +236,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool for_q = t < 12;
     const int R = (t % 12) / (kD / 16), Cc = (t % 12) % (kD / 16);
     Acc acc;
-    wmma::fill_fragment(acc, 0.f);
+    zero(acc);
     if (for_q) {  // sub-chunk I = R + 1 against the keys before it, reference 16 I
       const int I = R + 1;
       product_tile<false, false>(acc, sdA, S::ld, X + (I - 1) * kC * S::ld, S::ld, I, Cc, 0, I);
-      wmma::store_matrix_sync(pq + I * kSub * S::ld32 + Cc * kSub, acc, S::ld32, wmma::mem_row_major);
+      store_tile(pq + I * kSub * S::ld32 + Cc * kSub, acc, S::ld32);
     } else {  // sub-chunk J = R against the queries after it, reference 16 (J + 1)
       const int J = R;
       product_tile<true, false>(acc, sdA, S::ld, X + J * kC * S::ld, S::ld, J, Cc, J + 1, kRowTiles);
-      wmma::store_matrix_sync(pk + J * kSub * S::ld32 + Cc * kSub, acc, S::ld32, wmma::mem_row_major);
+      store_tile(pk + J * kSub * S::ld32 + Cc * kSub, acc, S::ld32);
     }
   }
   __syncthreads();
