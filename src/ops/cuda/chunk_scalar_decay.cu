@@ -1,6 +1,6 @@
 // Family A with no decay or a scalar decay per step (linear attention, RetNet, scalar-gated GLA),
 // chunked and fused: one thread block per (batch, head) walks the chunks of 64 in order with the
-// state in shared memory, and every product of a chunk runs on tensor cores (WMMA 16x16x16, bf16 or
+// state in shared memory, and every product of a chunk runs on tensor cores (mma.sync 16x8x16, bf16 or
 // fp16 operands, fp32 accumulation). Nothing per chunk goes through HBM: the forward reads q, k, v
 // once and writes o and the final state; the backward recomputes the states on a forward walk (dq) and
 // carries dS on a reverse walk (dk, dv, dS0), the two walks as the two rows of one grid. Each walk
@@ -32,7 +32,7 @@ namespace linearize::ops::cuda_kernels {
 namespace {
 
 // Shared memory of one block (the same for the three kernels). 16-bit rows are padded by 8
-// elements and fp32 rows by 4, so tile pointers stay 32-byte aligned (as WMMA needs) and rows do not
+// elements and fp32 rows by 4, so tile rows stay 16-byte aligned (as ldmatrix needs) and rows do not
 // start on the same bank.
 template <int K, int V>
 struct Layout {

@@ -1,6 +1,6 @@
 // Device building blocks of the fused chunk kernels (ops/cuda/chunk_*.cu): chunks of 64 rows walked
-// by one block of 256 threads, 16-bit operands in shared memory, products on tensor cores (WMMA
-// 16x16x16, fp32 accumulation), fp32 state and gates. Each .cu file keeps its own shared-memory layout
+// by one block of 256 threads, 16-bit operands in shared memory, products on tensor cores (mma.sync
+// m16n8k16, fp32 accumulation), fp32 state and gates. Each .cu file keeps its own shared-memory layout
 // and kernels; what they have in common lies here:
 //   - 16-bit <-> fp32 conversion of single values (to_float, from_float) and of 16-byte words (Elem,
 //     unpack8, pack8, load8);
@@ -19,15 +19,12 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include <cstdint>
 #include <type_traits>
 
 namespace linearize::ops::cuda_kernels {
 namespace {
-
-using namespace nvcuda;
 
 constexpr int kC = 64;  // rows per chunk
 constexpr int kThreads = 256;
@@ -99,7 +96,7 @@ constexpr size_t round32(size_t x) { return (x + 31) / 32 * 32; }
 
 // Strides and sizes in shared memory for the head-size-64 kernels, where a chunk's rows, its scores and a
 // state are all 64 x 64: 16-bit rows padded by 8 elements, fp32 rows by 4 (tile pointers stay 32-byte
-// aligned, as WMMA needs, and rows do not start on the same bank).
+// aligned, and ldmatrix's 16-byte rows do not start on the same bank).
 struct Pads64 {
   static constexpr int ld = 64 + 8, ld32 = 64 + 4;
   static constexpr size_t rows16 = round32(size_t{kC} * ld * 2);   // [64, ld] 16-bit
@@ -145,17 +142,6 @@ __device__ __forceinline__ void load_tile(Acc& a, const float* p, int ld) {
     const float2 top = *reinterpret_cast<const float2*>(r), bottom = *reinterpret_cast<const float2*>(r + 8 * ld);
     a.x[4 * h] = top.x, a.x[4 * h + 1] = top.y, a.x[4 * h + 2] = bottom.x, a.x[4 * h + 3] = bottom.y;
   }
-}
-
-// The same two for WMMA accumulators (ut_transform.cu's TF32 products).
-template <int M, int N, int K>
-__device__ __forceinline__ void zero(wmma::fragment<wmma::accumulator, M, N, K, float>& f) {
-  wmma::fill_fragment(f, 0.f);
-}
-template <int M, int N, int K>
-__device__ __forceinline__ void store_tile(float* p, const wmma::fragment<wmma::accumulator, M, N, K, float>& f,
-                                           int ld) {
-  wmma::store_matrix_sync(p, f, ld, wmma::mem_row_major);
 }
 
 template <typename E>
@@ -344,14 +330,14 @@ __device__ void score_tile(float* raw, int ld32, const E* X, const E* Y, int ld,
 }
 
 // Every 16x16 tile on or below the diagonal of a [C, C] fp32 result (row stride ld32), spread over the
-// warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed fragment of type F (any
-// WMMA accumulator), which is then stored. Tiles above the diagonal are not written.
-template <typename F, typename Body>
+// warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed Acc, which is then stored.
+// Tiles above the diagonal are not written.
+template <typename Body>
 __device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, Body body) {
   for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
     int R, Cc;
     lower_tile(t, R, Cc);
-    F acc;
+    Acc acc;
     zero(acc);
     body(acc, R, Cc);
     store_tile(stage + R * 16 * ld32 + Cc * 16, acc, ld32);
@@ -361,7 +347,7 @@ __device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, B
 // The raw scores X Y^T ([C, D] each, row-major [., ld]) on and below the diagonal into raw [C, ld32].
 template <int D, typename E>
 __device__ void scores_into_stage(float* raw, int ld32, const E* X, const E* Y, int ld) {
-  lower_tiles_into_stage<Acc>(raw, ld32, [&](Acc& acc, int R, int Cc) {
+  lower_tiles_into_stage(raw, ld32, [&](Acc& acc, int R, int Cc) {
     product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
   });
 }

@@ -135,32 +135,60 @@ __device__ void decayed_scores(float* L, const E* Kb, const E* k, const float* G
   }
 }
 
-using Acc8 = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+// d += a b for one 16x8 half of an Acc on TF32 operands (mma.sync.m16n8k8: a 16x8 row-major, b 8x8
+// column-major, in the register layout of the PTX ISA's "Matrix fragments for mma.m16n8k8").
+__device__ __forceinline__ void mma_16x8x8_tf32(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x rounded to TF32 (to nearest, ties away), as operand bits.
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// x = hi + lo with hi and lo TF32 values, as operand bits.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  hi = to_tf32(x), lo = to_tf32(x - __uint_as_float(hi));
+}
 
 // acc += Σ_{s = s0}^{s1-1} X(R, s) Y(s, Cc) over fp32 tiles of 16x8 and 8x16 ([., ld] row-major, or read
 // transposed when TransX / TransY), on tensor cores as three TF32 products of the split x = hi + lo
-// (lo·hi + hi·lo + hi·hi): close to fp32, which the difference of close terms in dL needs.
+// (lo·hi + hi·lo + hi·hi): close to fp32, which the difference of close terms in dL needs. Lane l (g = l / 4,
+// t = l % 4) reads its fragment elements itself: (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4) of the X tile
+// and (t, g), (t + 4, g) of each 8x8 half of the Y tile.
 template <bool TransX, bool TransY>
-__device__ __forceinline__ void product_tile_3xtf32(Acc8& acc, const float* X, const float* Y, int ld, int R, int Cc,
+__device__ __forceinline__ void product_tile_3xtf32(Acc& acc, const float* X, const float* Y, int ld, int R, int Cc,
                                                     int s0, int s1) {
-  using LX = std::conditional_t<TransX, wmma::col_major, wmma::row_major>;
-  using LY = std::conditional_t<TransY, wmma::col_major, wmma::row_major>;
-  wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LX> a_hi, a_lo;
-  wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LY> b_hi, b_lo;
-  auto split = [](auto& hi, auto& lo) {
-#pragma unroll
-    for (int i = 0; i < hi.num_elements; ++i) {
-      const float x = hi.x[i], h = wmma::__float_to_tf32(x);
-      hi.x[i] = h, lo.x[i] = wmma::__float_to_tf32(x - h);
-    }
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  auto x_at = [&](int s, int m, int k) {  // X(R, s)[m][k]
+    return TransX ? X[(8 * s + k) * ld + 16 * R + m] : X[(16 * R + m) * ld + 8 * s + k];
+  };
+  auto y_at = [&](int s, int k, int n) {  // Y(s, Cc)[k][n]
+    return TransY ? Y[(16 * Cc + n) * ld + 8 * s + k] : Y[(8 * s + k) * ld + 16 * Cc + n];
   };
   for (int s = s0; s < s1; ++s) {
-    wmma::load_matrix_sync(a_hi, TransX ? X + s * 8 * ld + R * 16 : X + R * 16 * ld + s * 8, ld);
-    wmma::load_matrix_sync(b_hi, TransY ? Y + Cc * 16 * ld + s * 8 : Y + s * 8 * ld + Cc * 16, ld);
-    split(a_hi, a_lo), split(b_hi, b_lo);
-    wmma::mma_sync(acc, a_lo, b_hi, acc);
-    wmma::mma_sync(acc, a_hi, b_lo, acc);
-    wmma::mma_sync(acc, a_hi, b_hi, acc);
+    uint32_t a_hi[4], a_lo[4], b_hi[4], b_lo[4];  // b: b0, b1 of half 0, then of half 1
+    split_tf32(x_at(s, g, t), a_hi[0], a_lo[0]);
+    split_tf32(x_at(s, g + 8, t), a_hi[1], a_lo[1]);
+    split_tf32(x_at(s, g, t + 4), a_hi[2], a_lo[2]);
+    split_tf32(x_at(s, g + 8, t + 4), a_hi[3], a_lo[3]);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      split_tf32(y_at(s, t, 8 * h + g), b_hi[2 * h], b_lo[2 * h]);
+      split_tf32(y_at(s, t + 4, 8 * h + g), b_hi[2 * h + 1], b_lo[2 * h + 1]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* d = acc.x + 4 * h;
+      mma_16x8x8_tf32(d, a_lo, b_hi[2 * h], b_hi[2 * h + 1]);
+      mma_16x8x8_tf32(d, a_hi, b_lo[2 * h], b_lo[2 * h + 1]);
+      mma_16x8x8_tf32(d, a_hi, b_hi[2 * h], b_hi[2 * h + 1]);
+    }
   }
 }
 
@@ -197,7 +225,7 @@ __device__ void unit_lower_inverse_blocks(float* T, const float* L) {
     if (j < i) {
       // P_ij = Σ_k L_ik T_kj into T's block (i, j): still unwritten, and read by this warp only.
       float* Tij = T + i * kB * ld + j * kB;
-      Acc8 acc;
+      Acc acc;
       zero(acc);
       product_tile_3xtf32<false, false>(acc, L, T, ld, i, j, 2 * j, 2 * i);
       store_tile(Tij, acc, ld);
@@ -301,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T
   __syncthreads();
   // dT = dW Kg^T + dU Vb^T on and below the diagonal (into A; nothing above is read).
-  lower_tiles_into_stage<Acc>(A, S::ld32, [&](Acc& acc, int R, int Cc) {
+  lower_tiles_into_stage(A, S::ld32, [&](Acc& acc, int R, int Cc) {
     product_tile<false, true>(acc, sdw, S::ld, Kg, S::ld, R, Cc, 0, kD / 16);
     product_tile<false, true>(acc, sdu, S::ld, Vb, S::ld, R, Cc, 0, kD / 16);
   });
@@ -310,11 +338,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   // only. Below the diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j]
   // read strictly lower dT and X only (T is zero above its diagonal); what the diagonal tiles hold above it
   // is never used.
-  lower_tiles_into_stage<Acc8>(Bm, S::ld32, [&](Acc8& acc, int R, int Cc) {
+  lower_tiles_into_stage(Bm, S::ld32, [&](Acc& acc, int R, int Cc) {
     product_tile_3xtf32<false, true>(acc, A, T, S::ld32, R, Cc, 0, 2 * (Cc + 1));
   });
   __syncthreads();
-  lower_tiles_into_stage<Acc8>(A, S::ld32, [&](Acc8& acc, int R, int Cc) {
+  lower_tiles_into_stage(A, S::ld32, [&](Acc& acc, int R, int Cc) {
     product_tile_3xtf32<true, false>(acc, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
 #pragma unroll
     for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
