@@ -367,7 +367,7 @@ __device__ void store_lower16(E* __restrict__ out, const float* stage, int ld32,
 }
 
 // Every 16x16 tile of a [C, D] fp32 result in the staging area (row stride ld32), spread over the
-// warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed fragment.
+// warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed Acc.
 template <int D, typename Body>
 __device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body body) {
   for (int t = threadIdx.x / 32; t < kRowTiles * (D / 16); t += kWarps) {
@@ -380,7 +380,7 @@ __device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body bo
 }
 
 // Two [C, D] fp32 results side by side, stage0 and stage1 (row stride ld32), their tiles spread over the
-// warps together: first(acc, R, Cc) and second(acc, R, Cc) each accumulate one tile into a zeroed fragment.
+// warps together: first(acc, R, Cc) and second(acc, R, Cc) each accumulate one tile into a zeroed Acc.
 template <int D, typename First, typename Second>
 __device__ __forceinline__ void two_tiles_into_stage(float* stage0, float* stage1, int ld32, First first,
                                                      Second second) {
