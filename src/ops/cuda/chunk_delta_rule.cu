@@ -20,8 +20,8 @@
 //       dw  = -dV' S^T,  dA = (do V'^T) ⊙ scale exp(G_i - G_j) (masked),
 //       dk  = dA^T q + (e^{Gl - G} ⊙ V') dS'^T,   dq = (scale e^G ⊙ do) S^T + dA k      (backward)
 // So the forward leaves S, V' and A of every chunk to the backward, which computes none of them again.
-// The states stay in fp32 in the walks (their master copy); products read them through 16-bit copies,
-// which are also what the walks store. The decay's gradient is left to the caller
+// The walks keep the state in fp32 registers (its master copy, RegisterState); products read it through a
+// 16-bit copy in shared memory, which is also what the walks store. The decay's gradient is left to the caller
 // (ops/delta_rule_ops/fused_chunk.cpp), from the row sums q·dq, k·dk and w·dw the backward takes in fp32.
 // Head size 64 only (SmolLM2's heads).
 #include <ATen/cuda/CUDAContext.h>
@@ -43,10 +43,9 @@ struct Pads : Pads64 {
   static constexpr size_t gates = 3 * kC * 4;  // G, e^G, e^{Gl - G}
 };
 
-// Forward walk: k, w, u (then V'); the state in fp32 and its 16-bit copy; one staging area; gates.
-// About 71 KiB.
+// Forward walk: k, w, u (then V'); the state's 16-bit copy; one staging area; gates. About 54 KiB.
 struct WalkForwardLayout : Pads {
-  static constexpr size_t k = 0, w = k + rows16, u = w + rows16, state = u + rows16, state16 = state + mat32;
+  static constexpr size_t k = 0, w = k + rows16, u = w + rows16, state16 = u + rows16;
   static constexpr size_t stage = state16 + rows16, gate = stage + mat32, bytes = gate + gates;
 };
 
@@ -57,11 +56,11 @@ struct OutputLayout : Pads {
   static constexpr size_t stage = scores + rows16, gate = stage + mat32, bytes = gate + gates;
 };
 
-// Backward walk: q, k, w, do, -dV'; dS' in fp32 and 16-bit; A (the forward's); one staging area; gates.
-// About 98 KiB.
+// Backward walk: q, k, w, do, -dV'; dS''s 16-bit copy; A (the forward's); one staging area; gates.
+// About 81 KiB.
 struct WalkBackwardLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, w = k + rows16, dout = w + rows16, dv = dout + rows16;
-  static constexpr size_t dstate = dv + rows16, dstate16 = dstate + mat32, scores = dstate16 + rows16;
+  static constexpr size_t dstate16 = dv + rows16, scores = dstate16 + rows16;
   static constexpr size_t stage = scores + rows16, gate = stage + mat32, bytes = gate + gates;
 };
 
@@ -109,14 +108,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(128) unsigned char smem[];
   E *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *su = view<E>(smem, L::u);
   E* S16 = view<E>(smem, L::state16);
-  float *S = view<float>(smem, L::state), *stage = view<float>(smem, L::stage);
-  float *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
+  float *stage = view<float>(smem, L::stage), *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
   const Rows rows(p, blockIdx.x);
   const float* gh = g != nullptr ? g + rows.steps : nullptr;
 
-  load_state<D, D>(S, L::ld32, h0 != nullptr ? h0 + rows.state : nullptr);
-  __syncthreads();
-  copy_state<D, D>(S16, L::ld, S, L::ld32);
+  RegisterState<D, D> S;
+  S.load(h0 != nullptr ? h0 + rows.state : nullptr);
+  S.copy16(S16, L::ld);
   RowPrefetch<D, E> nk, nw, nu;
   auto fetch = [&](int t0) {
     nk.fetch(k + rows.head, rows.row, t0, p.T);
@@ -139,11 +137,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     scale_rows<D>(sk, L::ld, eEnd, 1.f);
     __syncthreads();
     store_state16<kC, D>(values + rows.chunked + static_cast<size_t>(t0) * D, su, L::ld);
-    update_state<D, D>(S, L::ld32, eG[kC - 1], sk, L::ld, su, L::ld);
-    __syncthreads();
-    copy_state<D, D>(S16, L::ld, S, L::ld32);
+    S.update(eG[kC - 1], [&](Acc& acc, int R, int Cc) {  // S' = e^Gl S + (e^{Gl-G} k)^T V'
+      product_tile<true, false>(acc, sk, L::ld, su, L::ld, R, Cc, 0, kC / 16);
+    });
+    S.copy16(S16, L::ld);  // every read of S16 this chunk lies before the last barrier
+    __syncthreads();        // the next chunk's rows replace k and V'
   }
-  store_state<D, D>(final_state + rows.state, S, L::ld32);
+  S.store(final_state + rows.state);
 }
 
 // The output of chunk blockIdx.x of head blockIdx.y from the state entering it and its V'; it also stores
@@ -196,14 +196,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *sdo = view<E>(smem, L::dout);
   E *sdv = view<E>(smem, L::dv), *dS16 = view<E>(smem, L::dstate16), *A16 = view<E>(smem, L::scores);
-  float *dS = view<float>(smem, L::dstate), *stage = view<float>(smem, L::stage);
-  float *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
+  float *stage = view<float>(smem, L::stage), *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
   const Rows rows(p, blockIdx.x);
   const float* gh = g != nullptr ? g + rows.steps : nullptr;
 
-  load_state<D, D>(dS, L::ld32, d_final != nullptr ? d_final + rows.state : nullptr);
-  __syncthreads();
-  copy_state<D, D>(dS16, L::ld, dS, L::ld32);
+  RegisterState<D, D> dS;
+  dS.load(d_final != nullptr ? d_final + rows.state : nullptr);
+  dS.copy16(dS16, L::ld);
   RowPrefetch<D, E> nq, nk, nw, ndo;
   RowPrefetch<kC, E> nA;
   auto fetch = [&](int n) {
@@ -233,14 +232,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     subtract_rows<D, false>(sdv, L::ld, stage, L::ld32);  // -dV'
     __syncthreads();
     // dS = e^Gl dS' + (scale e^G q)^T do + W^T (-dV').
-    accumulate_state<D, D>(dS, L::ld32, eG[kC - 1], [&](Acc& acc, int R, int Cc) {
+    dS.update(eG[kC - 1], [&](Acc& acc, int R, int Cc) {
       product_tile<true, false>(acc, sq, L::ld, sdo, L::ld, R, Cc, 0, kRowTiles);
       product_tile<true, false>(acc, sw, L::ld, sdv, L::ld, R, Cc, 0, kRowTiles);
     });
-    __syncthreads();
-    copy_state<D, D>(dS16, L::ld, dS, L::ld32);
+    dS.copy16(dS16, L::ld);  // every read of dS16 this chunk lies before the last barrier
+    __syncthreads();          // the next chunk's rows replace q, w and do
   }
-  if (d_initial != nullptr) store_state<D, D>(d_initial + rows.state, dS, L::ld32);
+  if (d_initial != nullptr) dS.store(d_initial + rows.state);
 }
 
 // dq, dk and dw of chunk blockIdx.x of head blockIdx.y from the stored S, V', dS' and dV'; with a gate also

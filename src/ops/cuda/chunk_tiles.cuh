@@ -13,7 +13,8 @@
 //     optional fp32 row sums (store_rows); a causal [C, C] result stored as 16-bit (store_lower16);
 //   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
 //     from them (scale_rows, decay_mask);
-//   - fp32 state in and out of shared memory (load_state, store_state, copy_state, store_state16);
+//   - fp32 state in and out of shared memory (load_state, store_state, copy_state, store_state16), or
+//     held in registers across a walk (RegisterState);
 //   - views of the dynamic shared memory by byte offset (view).
 // Included only by .cu files: everything here is device code in an unnamed namespace.
 #pragma once
@@ -395,6 +396,59 @@ __device__ __forceinline__ void two_tiles_into_stage(float* stage0, float* stage
     store_tile((is_second ? stage1 : stage0) + R * 16 * ld32 + Cc * 16, acc, ld32);
   }
 }
+
+// The tile as 16-bit values into row-major memory [16, ld] (ld even).
+template <typename E>
+__device__ __forceinline__ void store_tile16(E* p, const Acc& a, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    E* r = p + g * ld + 8 * h + 2 * t;
+    *reinterpret_cast<uint32_t*>(r) = Elem<E>::pack(a.x[4 * h], a.x[4 * h + 1]);
+    *reinterpret_cast<uint32_t*>(r + 8 * ld) = Elem<E>::pack(a.x[4 * h + 2], a.x[4 * h + 3]);
+  }
+}
+
+// A K x V fp32 state held in registers across the chunks of a walk: warp w keeps tiles w, w + 8, ... of
+// its grid of 16x16 tiles (row tile t / (V / 16), column tile t % (V / 16)), the same tiles
+// accumulate_state gives it, so the state never passes through shared memory in fp32.
+template <int K, int V>
+struct RegisterState {
+  static constexpr int kTiles = (K / 16) * (V / 16) / kWarps;
+  static_assert((K / 16) * (V / 16) % kWarps == 0, "whole tiles per warp");
+  Acc tile[kTiles];
+
+  __device__ static int row_tile(int i) { return (threadIdx.x / 32 + i * kWarps) / (V / 16); }
+  __device__ static int col_tile(int i) { return (threadIdx.x / 32 + i * kWarps) % (V / 16); }
+  // From / to a contiguous [K, V] fp32 state (global); zeros when src is null.
+  __device__ void load(const float* __restrict__ src) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      if (src == nullptr) zero(tile[i]);
+      else load_tile(tile[i], src + row_tile(i) * 16 * V + col_tile(i) * 16, V);
+    }
+  }
+  __device__ void store(float* __restrict__ dst) const {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) store_tile(dst + row_tile(i) * 16 * V + col_tile(i) * 16, tile[i], V);
+  }
+  // The 16-bit copy the products read, [K, ld] in shared memory.
+  template <typename E>
+  __device__ void copy16(E* S16, int ld) const {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) store_tile16(S16 + row_tile(i) * 16 * ld + col_tile(i) * 16, tile[i], ld);
+  }
+  // S = decay * S + what body(acc, R, Cc) adds to row tile R, column tile Cc.
+  template <typename Body>
+  __device__ void update(float decay, Body body) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+#pragma unroll
+      for (int e = 0; e < Acc::num_elements; ++e) tile[i].x[e] *= decay;
+      body(tile[i], row_tile(i), col_tile(i));
+    }
+  }
+};
 
 // S = decay * S + what body adds, over the fp32 state S [K, ld32] by warp tiles: body(acc, R, Cc) adds its
 // products to row tile R, column tile Cc.
