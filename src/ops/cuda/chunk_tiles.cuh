@@ -12,7 +12,7 @@
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
 //     optional fp32 row sums (store_rows); a causal [C, C] result stored as 16-bit (store_lower16);
 //   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
-//     from them (scale_rows, decay_mask);
+//     from them (scale_rows, decayed_row8, decay_mask);
 //   - fp32 state in and out of shared memory (load_state, store_state, copy_state, store_state16), or
 //     held in registers across a walk (RegisterState);
 //   - views of the dynamic shared memory by byte offset (view).
@@ -290,16 +290,28 @@ __device__ void chunk_gates(float* gates, float2 ab) {
   eEnd[2 * lane] = expf(last - g0), eEnd[2 * lane + 1] = expf(last - g1);
 }
 
+// Columns j0 .. j0+7 of row i of raw [C, ld32], each times scale * exp(G_i - G_j) where j <= i (j < i when
+// Strict), zeros elsewhere. raw is read only when one of the eight is kept: what lies above the diagonal
+// may never have been written.
+template <bool Strict>
+__device__ __forceinline__ void decayed_row8(float (&f)[8], const float* raw, int ld32, const float* G, int i, int j0,
+                                             float scale) {
+  auto kept = [&](int j) { return Strict ? j < i : j <= i; };
+#pragma unroll
+  for (int j = 0; j < 8; ++j) f[j] = 0.f;
+  if (kept(j0)) load8(raw + i * ld32 + j0, f);
+  const float Gi = G[i];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) f[j] = kept(j0 + j) ? f[j] * scale * __expf(Gi - G[j0 + j]) : 0.f;
+}
+
 // dst[i, j] = raw[i, j] * scale * exp(G_i - G_j) for j <= i, 0 above (raw is used on and below only).
 template <typename E>
 __device__ void decay_mask(E* dst, int ld, const float* raw, int ld32, const float* G, float scale) {
   for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
     const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
-    float f[8] = {};
-    if (j0 <= i) load8(raw + i * ld32 + j0, f);
-    const float Gi = G[i];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = j0 + j <= i ? f[j] * scale * __expf(Gi - G[j0 + j]) : 0.f;
+    float f[8];
+    decayed_row8<false>(f, raw, ld32, G, i, j0, scale);
     *reinterpret_cast<uint4*>(dst + i * ld + j0) = pack8<E>(f);
   }
 }

@@ -126,11 +126,8 @@ __device__ void decayed_scores(float* L, const E* Kb, const E* k, const float* G
 #pragma unroll
   for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // eight columns an item
     const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
-    float x[8] = {};
-    if (j0 < i) load8(L + i * Sizes::ld32 + j0, x);  // tiles above the diagonal were never written
-    const float Gi = G[i];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = j0 + j < i ? x[j] * __expf(Gi - G[j0 + j]) : 0.f;
+    float x[8];
+    decayed_row8<true>(x, L, Sizes::ld32, G, i, j0, 1.f);  // tiles above the diagonal were never written
     store8(L + i * Sizes::ld32 + j0, x);
   }
 }
@@ -382,11 +379,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // eight columns an item
       const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
-      float r[8] = {};
-      if (j0 < i) load8(A + i * S::ld32 + j0, r);
-      const float Gi = G[i];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) r[j] = j0 + j < i ? r[j] * __expf(Gi - G[j0 + j]) : 0.f;
+      float r[8];
+      decayed_row8<true>(r, A, S::ld32, G, i, j0, 1.f);
       *reinterpret_cast<uint4*>(R16 + i * S::ldc + j0) = pack8<E>(r);
       store8(A + i * S::ld32 + j0, r);
     }
