@@ -40,7 +40,7 @@ for step in "$@"; do
     bench-decode) timeout ${DECODE_LIMIT:-600} build-gpu/linearize_gpu_bench decode > "$OUT/bench-decode.md" 2> "$OUT/bench-decode.log"; cat "$OUT/bench-decode.md" ;;
     profile-ops) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
                    build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-ops.csv" 2> "$OUT/profile-ops.log"
-                 python3 bench/gpu/kernel_times.py "$OUT/profile-ops.csv" | tee "$OUT/profile-ops.md" ;;
+                 python3 bench/gpu/kernel_times.py "$OUT/profile-ops.csv" > "$OUT/profile-ops.md"; cat "$OUT/profile-ops.md" ;;
     profile-detail) ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
                       --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
                       --section ComputeWorkloadAnalysis -k regex:"vector_|delta_|ut_|chunk_" --launch-count 4 \
@@ -50,7 +50,7 @@ for step in "$@"; do
     profile-source) ncu --clock-control none --section SourceCounters --section WarpStateStats --import-source yes \
                       -k regex:"${SOURCE_KERNELS:-ut_|delta_}" --launch-count ${SOURCE_LAUNCHES:-4} -f -o "$OUT/source" \
                       build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-source.log" 2>&1
-                    python3 bench/gpu/source_hotspots.py "$OUT/source.ncu-rep" | tee "$OUT/profile-source.md" ;;
+                    python3 bench/gpu/source_hotspots.py "$OUT/source.ncu-rep" > "$OUT/profile-source.md"; cat "$OUT/profile-source.md" ;;
     bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
     launch) bench/gpu/launch_overhead.sh build-gpu .device/shared/data/tokenizers/smollm2-tokenizer.json \
               .device/shared/data/corpus/tinystories_val.txt /tmp/launch_work > "$OUT/launch.log" 2>&1; cat "$OUT/launch.log" | tail -8 ;;
