@@ -392,6 +392,54 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
   }
 }
 
+// The scores kernels asked for the keys' own scores as well (Kimi Delta Attention's one call) against two
+// calls of the plain kernels, q against k and k against k: the forward's six outputs, and dq, dk, dg for
+// random gradients of all six. Both read the same rounded inputs, so the outputs may differ by a rounding
+// of the last place only; dk is summed in fp32 and rounded once by the pair, twice by the two calls.
+TEST(CudaOps, FusedVectorScoresWithKeyScoresMatchTwoCalls) {
+  REQUIRE_CUDA();
+  const int64_t B = 2, T = 333, H = 3, D = 64;
+  const auto opts = torch::TensorOptions().device(torch::kCUDA);
+  for (const auto dt : {torch::kBFloat16, torch::kHalf}) {
+    SCOPED_TRACE(dt == torch::kHalf ? "fp16" : "bf16");
+    torch::manual_seed(50);
+    const auto q0 = torch::randn({B, T, H, D}, opts).to(dt), k0 = ops::l2_norm(torch::randn({B, T, H, D}, opts)).to(dt);
+    const auto g0 = torch::log_sigmoid(torch::randn({B, T, H, D}, opts) + 3) / 4;
+    const double scale = 0.125;
+    auto run = [&](bool pair) {  // A, qd, kd, a, Akk, ek, dq, dk, dg
+      auto q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+      auto g = g0.clone().requires_grad_(true);
+      auto out = ops::detail::fused_vector_scores(q, k, g, scale, pair);
+      if (!pair) {
+        auto keys = ops::detail::fused_vector_scores(k, k, g, 1.0);
+        out.push_back(keys[0]), out.push_back(keys[1]);
+      }
+      torch::manual_seed(51);
+      auto loss = torch::zeros({}, opts);
+      for (const auto& o : out) loss = loss + (o.to(torch::kFloat) * torch::randn(o.sizes(), opts)).sum();
+      loss.backward();
+      out.push_back(q.grad()), out.push_back(k.grad()), out.push_back(g.grad());
+      return out;
+    };
+    const auto pair = run(true), two = run(false);
+    const char* names[] = {"A", "qd", "kd", "a", "Akk", "ek", "dq", "dk", "dg"};
+    const double ulp = dt == torch::kHalf ? 1.0 / 1024 : 1.0 / 128;  // of the largest element, 16-bit
+    const double bound[] = {ulp, ulp, ulp, 1e-6, ulp, ulp, ulp, 2 * ulp, 1e-4};
+    ASSERT_EQ(pair.size(), 9u);
+    std::string line;
+    for (size_t i = 0; i < pair.size(); ++i) {
+      ASSERT_TRUE(pair[i].defined()) << names[i];
+      ASSERT_EQ(pair[i].sizes(), two[i].sizes()) << names[i];
+      const double e = rel_err(pair[i], two[i]);
+      EXPECT_LE(e, bound[i]) << names[i];
+      char buf[48];
+      std::snprintf(buf, sizeof buf, "  %s %.1e", names[i], e);
+      line += buf;
+    }
+    std::printf("[cuda-vector-scores] %s pair vs two calls:%s\n", dt == torch::kHalf ? "fp16" : "bf16", line.c_str());
+  }
+}
+
 // The mLSTM through the scalar-decay kernels (numerator) and an fp32 normaliser, in bf16 and fp16,
 // against the libtorch chunked form in fp32 on the same rounded inputs: h, the final state (c, n, m) and
 // the gradients of q, k, v, both gates and the initial state. Head size 64 and 128, T = 333 (a partial

@@ -114,10 +114,11 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
 
 // The intra-chunk scores and row factors of a decay per key channel through vector_decay_scores.cu (CUDA
 // build only), differentiable in q, k and g: q, k [B,T,H,64] in one 16-bit dtype and g [B,T,H,64] fp32,
-// contiguous (aligned_rows) -> {A, qd, kd, a} as cuda_kernels::vector_scores_forward gives them. GLA's
-// fused form and Kimi Delta Attention's (twice: q against k and k against k) build on it.
+// contiguous (aligned_rows) -> {A, qd, kd, a}, and with key_scores also {Akk, ek}, as
+// cuda_kernels::vector_scores_forward gives them. GLA's fused form and Kimi Delta Attention's (with the
+// keys' own scores) build on it.
 std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
-                                               double scale);
+                                               double scale, bool key_scores = false);
 
 // The chunked form of family B with a decay per key channel (Kimi Delta Attention) through fused CUDA
 // kernels (delta_rule_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused kernels on, chunk 64,

@@ -139,8 +139,8 @@ UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, co
                               const torch::Tensor& du);
 
 // The same transform given the decayed scores (a decay per key channel: Kimi Delta Attention), from
-// vector_scores_forward of k against k: scores [B,H,N,64,64] with scores[i,j] = Σ_d k_id k_jd
-// exp(G_id - G_jd) (only the part below the diagonal is read) and k = e^G ⊙ k [B,H,N*64,64] (its qd), both
+// vector_scores_forward with key_scores: scores = its Akk [B,H,N,64,64], scores[i,j] = Σ_d k_id k_jd
+// exp(G_id - G_jd) (only the part below the diagonal is read), and k = its ek = e^G ⊙ k [B,H,N*64,64], both
 // in v's dtype; v [B,T,H,64]; beta [B,H,T] fp32. W = (I + L)^{-1} diag(beta) k, U = (I + L)^{-1}
 // diag(beta) v with L = diag(beta) scores, strictly lower. Returns w, u and the inverses as above.
 UtForward ut_transform_given_forward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
@@ -160,20 +160,24 @@ bool vector_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt);
 // (one 16-bit dtype) and g the per-step log decay per key channel [B,T,H,64] fp32, with G its cumulative
 // sum within each chunk: A [B,H,N,64,64] (q's dtype, zeros above the diagonal),
 // A[i,j] = scale Σ_d q[i,d] k[j,d] exp(G[i,d] - G[j,d]) for j <= i; qd = scale e^G ⊙ q and kd = e^{Gl - G} ⊙ k
-// [B,H,N*64,64] (q's dtype); a = e^{Gl} [B,H,N,64] fp32, Gl the chunk's last row of G.
+// [B,H,N*64,64] (q's dtype); a = e^{Gl} [B,H,N,64] fp32, Gl the chunk's last row of G. With key_scores
+// (Kimi Delta Attention) the same kernel also gives the keys' own scores Akk (A with k for q and scale 1)
+// and ek = e^G ⊙ k, the UT transform's inputs; otherwise those two are left undefined.
 struct VectorScoresForward {
-  torch::Tensor A, qd, kd, a;
+  torch::Tensor A, qd, kd, a, Akk, ek;
 };
 VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
-                                          double scale);
+                                          double scale, bool key_scores = false);
 // Its backward given dA, dqd, dkd (q's dtype, contiguous; only dA's part on and below the diagonal is read)
-// and da (fp32): dq, dk [B,T,H,64] (q's dtype) and dg [B,T,H,64] (fp32).
+// and da (fp32), and with the keys' scores dAkk and dek (both or neither): dq, dk [B,T,H,64] (q's dtype)
+// and dg [B,T,H,64] (fp32).
 struct VectorScoresGrads {
   torch::Tensor dq, dk, dg;
 };
 VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
                                          const torch::Tensor& dA, const torch::Tensor& dqd, const torch::Tensor& dkd,
-                                         const torch::Tensor& da, double scale);
+                                         const torch::Tensor& da, double scale, const torch::Tensor& dAkk = {},
+                                         const torch::Tensor& dek = {});
 
 // The walk over the chunks (ops/cuda/chunk_vector_decay.cu): o = qd S + A v, S' = Diag(a) S + kd^T v per
 // chunk. qd, kd [B,H,N*64,64] and v [B,T,H,64], contiguous (one 16-bit dtype); A [B,H,N,64,64] (the same

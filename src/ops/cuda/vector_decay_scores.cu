@@ -1,27 +1,32 @@
-// Family A with a decay per key channel (GLA), head size 64: the intra-chunk scores of the chunked
-// form and their backward, one thread block per (chunk, batch*head), chunks of 64 rows:
+// A decay per key channel, head size 64: the intra-chunk scores of the chunked form and their backward,
+// one thread block per (chunk, batch*head), chunks of 64 rows. GLA's scores, q against k:
 //   A[i, j] = scale Σ_d q[i, d] k[j, d] exp(G[i, d] - G[j, d])   for j <= i, 0 above
+// and for Kimi Delta Attention also, in the same kernels, the keys against themselves (Pair):
+//   Akk[i, j] = Σ_d k[i, d] k[j, d] exp(G[i, d] - G[j, d])        for j <= i, 0 above
 // with G the chunk-local cumulative log decay (fp32), summed here from the raw per-step log decay g. The
 // chunk splits into four sub-chunks of 16 rows.
 // A block below the diagonal (sub-chunks I > J) is a tensor-core product through the reference row
 // m = 16 I, where both factors stay <= 1:
 //   X_m[r, d] = k[r, d] exp(G[m, d] - G[r, d])  for r < m,   q[r, d] exp(G[r, d] - G[m, d])  for r >= m
 //   A_IJ = scale X_m(rows of I) X_m(rows of J)^T,   m = 16 I
-// The four diagonal blocks are fp32 sums; the forward takes their factors exp(G[i, d] - G[j, d]) as products
-// of the per-step decays exp(G[r, d] - G[r-1, d]) <= 1 over rows j+1 .. i, the backward one by one.
+// (Akk the same with k in place of q from row m on). The four diagonal blocks are fp32 sums; the forward
+// takes their factors exp(G[i, d] - G[j, d]) as products of the per-step decays exp(G[r, d] - G[r-1, d])
+// <= 1 over rows j+1 .. i, the backward one by one.
 // Backward, given dA (16-bit):
 //   dq_I = scale (exp(G_I - G_m) ⊙ dA_{I,<I} X_m(rows < m)) + the diagonal part,     m = 16 I
 //   dk_J = scale (exp(G_m - G_J) ⊙ dA_{>J,J}^T X_m(rows >= m)) + the diagonal part,  m = 16 (J + 1)
 //   dG   = q ⊙ dq - k ⊙ dk   (every term of A carries exp(G_i - G_j); the diagonal's i = j cancels)
+// and given dAkk, the keys take both sides: dk gains dAkk's row side (as dq above, with k) and its column
+// side (as dk above, with k from row m on), and dG = k ⊙ (row side - column side) for that part.
 // The same kernels give the walk's row factors (chunk_vector_decay.cu), with Gl = G[63]:
-//   qd = scale e^G ⊙ q,   kd = e^{Gl - G} ⊙ k,   a = e^{Gl}
-// and take their gradients back: dq += scale e^G ⊙ dqd, dk += e^{Gl - G} ⊙ dkd, then dG = q ⊙ dq - k ⊙ dk
-// with both sums whole, plus Σ_r kd ⊙ dkd + a ⊙ da at row 63 (Gl); the gate's gradient is dG's reverse
-// sum within the chunk, dg[r] = Σ_{s >= r} dG[s] (rows past T included: row 63 carries Gl).
+//   qd = scale e^G ⊙ q,   kd = e^{Gl - G} ⊙ k,   a = e^{Gl}   (and with Akk the UT's ek = e^G ⊙ k)
+// and take their gradients back: dq += scale e^G ⊙ dqd, dk += e^{Gl - G} ⊙ dkd (+ e^G ⊙ dek, a row-side
+// term), then dG with the sums whole, plus Σ_r kd ⊙ dkd + a ⊙ da at row 63 (Gl); the gate's gradient is
+// dG's reverse sum within the chunk, dg[r] = Σ_{s >= r} dG[s] (rows past T included: row 63 carries Gl).
 // q, k, g and their gradients are the caller's rows [B, T, H, 64] (q, k 16-bit, g fp32; zeros past T
 // on the way in, nothing written past T on the way out). What goes to the walk is heads first and
-// padded to whole chunks: qd, kd and their gradients [B*H, N*64, 64] (16-bit); A, dA [B*H, N, 64, 64]
-// (16-bit, zeros above the diagonal); a, da [B*H, N, 64] fp32.
+// padded to whole chunks: qd, kd, ek and their gradients [B*H, N*64, 64] (16-bit); A, Akk, dA, dAkk
+// [B*H, N, 64, 64] (16-bit, zeros above the diagonal); a, da [B*H, N, 64] fp32.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -41,16 +46,24 @@ constexpr int kRefs = 3;   // reference rows 16, 32, 48
 
 using Pads = Pads64;
 
-// Forward: q, k, X_16, X_32, X_48 (16-bit), G and the scores (fp32). About 79 KiB.
+// Forward: q, k, X_16, X_32, X_48 (and with the key-key scores Y, below) 16-bit, G and the scores (and
+// the key-key scores) fp32. About 79 KiB (105 with the key-key scores): two blocks per SM.
+template <bool Pair>
 struct ForwardSmem : Pads {
-  static constexpr size_t q = 0, k = q + rows16, X = k + rows16, G = X + kRefs * rows16, stage = G + mat32;
-  static constexpr size_t bytes = stage + mat32;
+  static constexpr size_t q = 0, k = q + rows16, X = k + rows16, Y = X + kRefs * rows16;
+  static constexpr size_t G = Y + (Pair ? rows16 : 0), stage = G + mat32, stage_kk = stage + mat32;
+  static constexpr size_t bytes = stage_kk + (Pair ? mat32 : 0);
 };
 
-// Backward: q, k, X_16, X_32, X_48, dA (16-bit), G, the products for dq and for dk (fp32). About 105 KiB.
+// Backward: q, k, X_16, X_32, X_48 (after the products dqd and dkd, then dek), dA (16-bit), G, the
+// products of the row side (dq's; then dk's from dAkk) and of the column side (dk's) in fp32, and with the
+// key-key scores the four diagonal blocks of dAkk (16-bit [4, 16, 16]). About 105 KiB (107 with the key-key
+// scores): two blocks per SM.
+template <bool Pair>
 struct BackwardSmem : Pads {
   static constexpr size_t q = 0, k = q + rows16, X = k + rows16, dA = X + kRefs * rows16, G = dA + rows16;
-  static constexpr size_t dq = G + mat32, dk = dq + mat32, bytes = dk + mat32;
+  static constexpr size_t rows_side = G + mat32, cols_side = rows_side + mat32, diag_kk = cols_side + mat32;
+  static constexpr size_t bytes = diag_kk + (Pair ? round32(kRowTiles * kSub * kSub * 2) : 0);
 };
 
 // Where block (chunk n, head bh = b H + h) reads and writes: the caller's rows t0 .. t0 + 63 of head
@@ -103,21 +116,48 @@ __device__ void load_chunk(E* sq, E* sk, float* sG, float* totals, const E* __re
   for (int i = 0; i < kSub; ++i) sG[(r0 + i) * Pads::ld32 + d] += before;
 }
 
-// X_m for m = 16, 32, 48 (X + (m/16 - 1) * C * ld): keys before row m decayed up to it, queries from row
-// m on decayed from it.
+
+// X_m (m = 16, 32, 48) within X, the three side by side.
 template <typename E>
-__device__ void reference_rows(E* X, const E* sq, const E* sk, const float* sG) {
-  for (int i = threadIdx.x; i < kRefs * kC * kD / 8; i += kThreads) {
-    const int which = i / (kC * kD / 8), e = i % (kC * kD / 8), r = e / (kD / 8), c = (e % (kD / 8)) * 8;
-    const int m = (which + 1) * kSub;
-    const bool key = r < m;
-    float x[8], out[8];
-    unpack8<E>(*reinterpret_cast<const uint4*>((key ? sk : sq) + r * Pads::ld + c), x);
-    const float* gr = sG + r * Pads::ld32 + c;
-    const float* gm = sG + m * Pads::ld32 + c;
+__device__ __forceinline__ E* ref(E* X, int m) {
+  return X + (m / kSub - 1) * kC * Pads::ld;
+}
+
+// A stretch of reference rows: rows r0 .. r1-1 of X_m into dst (at the same row numbers), the keys before
+// row m decayed up to it, k[r] exp(G[m] - G[r]), and from row m on `rows` (q or k) decayed from it,
+// rows[r] exp(G[r] - G[m]).
+template <typename E>
+struct RefRows {
+  E* dst;
+  const E* rows;
+  int m, r0, r1;
+};
+
+// The stretches, their 16-byte words spread over the block (S is known at compile time and the loop over
+// the stretches unrolled, so their fields stay in registers).
+template <int S, typename E>
+__device__ void reference_rows(const RefRows<E> (&stretch)[S], const E* sk, const float* sG) {
+  int total = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] = x[j] * __expf(key ? gm[j] - gr[j] : gr[j] - gm[j]);
-    *reinterpret_cast<uint4*>(X + which * kC * Pads::ld + r * Pads::ld + c) = pack8<E>(out);
+  for (int s = 0; s < S; ++s) total += (stretch[s].r1 - stretch[s].r0) * (kD / 8);
+  for (int i = threadIdx.x; i < total; i += kThreads) {
+    int e = i;
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      const RefRows<E>& x = stretch[s];
+      const int words = (x.r1 - x.r0) * (kD / 8);
+      if (e >= 0 && e < words) {
+        const int r = x.r0 + e / (kD / 8), c = (e % (kD / 8)) * 8;
+        const bool key = r < x.m;
+        float v[8];
+        unpack8<E>(*reinterpret_cast<const uint4*>((key ? sk : x.rows) + r * Pads::ld + c), v);
+        const float *gr = sG + r * Pads::ld32 + c, *gm = sG + x.m * Pads::ld32 + c;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] *= __expf(key ? gm[j] - gr[j] : gr[j] - gm[j]);
+        *reinterpret_cast<uint4*>(x.dst + r * Pads::ld + c) = pack8<E>(v);
+      }
+      e -= words;
+    }
   }
 }
 
@@ -134,162 +174,247 @@ __device__ void to_steps(float* sG) {
   }
 }
 
-template <typename E>
+// The sum of x over the 8 consecutive lanes that share it.
+__device__ __forceinline__ float sum8(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x + __shfl_xor_sync(0xffffffffu, x, 4);
+}
+
+// The scores of chunk blockIdx.x of head blockIdx.y and the walk's row factors; with Pair also the
+// key-key scores and ek.
+template <typename E, bool Pair>
 __global__ void __launch_bounds__(kThreads, 2)
     vector_scores_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ g,
                                  E* __restrict__ A, E* __restrict__ qd, E* __restrict__ kd, float* __restrict__ a,
-                                 int N, int T, int H, float scale) {
-  using S = ForwardSmem;
+                                 E* __restrict__ Akk, E* __restrict__ ek, int N, int T, int H, float scale) {
+  using S = ForwardSmem<Pair>;
   extern __shared__ __align__(128) unsigned char smem[];
-  E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X);
+  E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *Y = view<E>(smem, S::Y);
   float *sG = view<float>(smem, S::G), *stage = view<float>(smem, S::stage);
+  float* stage_kk = view<float>(smem, S::stage_kk);
   const Chunk at(N, T, H);
   load_chunk(sq, sk, sG, stage, q, k, g, at);  // the staging area is free until the products
   __syncthreads();
-  reference_rows(X, sq, sk, sG);
+  // Only the rows the products read: X_m up to sub-chunk m / 16, and for the key-key scores Y, whose
+  // sub-chunk I >= 1 holds its own keys decayed from its first row (the row side of Akk's blocks).
+  if constexpr (Pair) {
+    const RefRows<E> rows[] = {{X, sq, 16, 0, 32},  {ref(X, 32), sq, 32, 0, 48}, {ref(X, 48), sq, 48, 0, 64},
+                               {Y, sk, 16, 16, 32}, {Y, sk, 32, 32, 48},         {Y, sk, 48, 48, 64}};
+    reference_rows(rows, sk, sG);
+  } else {
+    const RefRows<E> rows[] = {{X, sq, 16, 0, 32}, {ref(X, 32), sq, 32, 0, 48}, {ref(X, 48), sq, 48, 0, 64}};
+    reference_rows(rows, sk, sG);
+  }
   // The walk's row factors.
   const float* Gl = sG + (kC - 1) * S::ld32;
   for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
     const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
-    float qr[8], kr[8], g[8];
+    float qr[8], kr[8], er[8], g[8];
     unpack8<E>(*reinterpret_cast<const uint4*>(sq + r * S::ld + c), qr);
     unpack8<E>(*reinterpret_cast<const uint4*>(sk + r * S::ld + c), kr);
     load8(sG + r * S::ld32 + c, g);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) qr[j] *= scale * __expf(g[j]), kr[j] *= __expf(Gl[c + j] - g[j]);
+    for (int j = 0; j < 8; ++j) {
+      const float eg = __expf(g[j]);
+      qr[j] *= scale * eg, er[j] = kr[j] * eg, kr[j] *= __expf(Gl[c + j] - g[j]);
+    }
     reinterpret_cast<uint4*>(qd + at.rows())[i] = pack8<E>(qr);
     reinterpret_cast<uint4*>(kd + at.rows())[i] = pack8<E>(kr);
+    if (Pair) reinterpret_cast<uint4*>(ek + at.rows())[i] = pack8<E>(er);
   }
   if (threadIdx.x < kD) a[at.channels() + threadIdx.x] = __expf(Gl[threadIdx.x]);
   __syncthreads();
   to_steps(sG);
   __syncthreads();
-  // Blocks below the diagonal, one warp each: (1,0) (2,0) (2,1) (3,0) (3,1) (3,2).
+  // Blocks below the diagonal, (1,0) (2,0) (2,1) (3,0) (3,1) (3,2), one warp each (and the key-key
+  // scores' six on warps 6, 7, 0 .. 3).
   const int warp = threadIdx.x / 32;
-  if (warp < 6) {
-    const int I = warp < 1 ? 1 : warp < 3 ? 2 : 3, J = warp - (I * (I - 1)) / 2;
-    const E* Xm = X + (I - 1) * kC * S::ld;
+  for (int t = warp; t < (Pair ? 12 : 6); t += kWarps) {
+    const bool keys = t >= 6;
+    const int b = t % 6, I = b < 1 ? 1 : b < 3 ? 2 : 3, J = b - (I * (I - 1)) / 2;
+    const E* Xm = ref(X, kSub * I);
     Acc acc;
     zero(acc);
-    product_tile<false, true>(acc, Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
-    store_tile(stage + I * kSub * S::ld32 + J * kSub, acc, S::ld32);
+    product_tile<false, true>(acc, keys ? Y : Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
+    store_tile((keys ? stage_kk : stage) + I * kSub * S::ld32 + J * kSub, acc, S::ld32);
   }
   // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; below, sG holds them from
   // each sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i. Thread (I, p, e):
   // sub-chunk I, columns p and 15 - p (16 - p and p + 1 rows: 17 together), channels 8e .. 8e + 7, the sum
-  // over channels across the 8 lanes of (I, p).
+  // over channels across the 8 lanes of (I, p). The 17 steps are unrolled so that one row's loads and sums
+  // overlap the next one's.
   const int lane = threadIdx.x % 32;
   {
     const int I = warp / 2, p = (warp % 2) * 4 + lane / 8, c = (lane % 8) * 8, r0 = I * kSub;
-    int j = r0 + p, i = j;
     float kj[8], f[8];
-    unpack8<E>(*reinterpret_cast<const uint4*>(sk + j * S::ld + c), kj);
 #pragma unroll
-    for (int d = 0; d < 8; ++d) f[d] = 1.f;
-    for (int t = 0; t <= kSub; ++t, ++i) {
-      if (t == kSub - p) {  // column 15 - p, from its diagonal down
-        j = r0 + kSub - 1 - p, i = j;
+    for (int t = 0; t <= kSub; ++t) {
+      const bool second = t >= kSub - p;  // column 15 - p, from its diagonal down
+      const int j = second ? r0 + kSub - 1 - p : r0 + p, i = second ? j + t - (kSub - p) : j + t;
+      if (i == j) {
         unpack8<E>(*reinterpret_cast<const uint4*>(sk + j * S::ld + c), kj);
 #pragma unroll
         for (int d = 0; d < 8; ++d) f[d] = 1.f;
-      } else if (i > j) {
+      } else {
         float st[8];
         load8(sG + i * S::ld32 + c, st);
 #pragma unroll
         for (int d = 0; d < 8; ++d) f[d] *= st[d];
       }
-      float qi[8], sum = 0.f;
-      unpack8<E>(*reinterpret_cast<const uint4*>(sq + i * S::ld + c), qi);
+      float x[8], sum = 0.f, sum_kk = 0.f;
+      unpack8<E>(*reinterpret_cast<const uint4*>(sq + i * S::ld + c), x);
 #pragma unroll
-      for (int d = 0; d < 8; ++d) sum += qi[d] * kj[d] * f[d];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      for (int d = 0; d < 8; ++d) sum += x[d] * kj[d] * f[d];
+      sum = sum8(sum);
       if (lane % 8 == 0) stage[i * S::ld32 + j] = sum;
+      if constexpr (Pair) {
+        unpack8<E>(*reinterpret_cast<const uint4*>(sk + i * S::ld + c), x);
+#pragma unroll
+        for (int d = 0; d < 8; ++d) sum_kk += x[d] * kj[d] * f[d];
+        sum_kk = sum8(sum_kk);
+        if (lane % 8 == 0) stage_kk[i * S::ld32 + j] = sum_kk;
+      }
     }
   }
   __syncthreads();
   store_lower16(A + at.square(), stage, S::ld32, scale);
+  if constexpr (Pair) store_lower16(Akk + at.square(), stage_kk, S::ld32, 1.f);
 }
 
+// dA's blocks below the diagonal through the reference rows, times `factor`, 24 tiles over the warps:
+//   row side    (rows of sub-chunks 1..3)  dA_{I,<I} X_m(rows < m),           m = 16 I
+//   column side (rows of sub-chunks 0..2)  dA_{>J,J}^T X_m(rows >= m),        m = 16 (J + 1)
+// into fp32 [64, ld32] each (the rows no block reaches are not written).
 template <typename E>
+__device__ void side_products(const E* sdA, const E* X, float* rows_side, float* cols_side, float factor) {
+  for (int t = threadIdx.x / 32; t < 24; t += kWarps) {
+    const bool row = t < 12;
+    const int R = (t % 12) / (kD / 16), Cc = (t % 12) % (kD / 16);
+    const int I = row ? R + 1 : R;  // the sub-chunk whose rows the tile is
+    Acc acc;
+    zero(acc);
+    if (row) product_tile<false, false>(acc, sdA, Pads::ld, ref(X, kSub * I), Pads::ld, I, Cc, 0, I);
+    else product_tile<true, false>(acc, sdA, Pads::ld, ref(X, kSub * (I + 1)), Pads::ld, I, Cc, I + 1, kRowTiles);
+#pragma unroll
+    for (int e = 0; e < Acc::num_elements; ++e) acc.x[e] *= factor;
+    store_tile((row ? rows_side : cols_side) + I * kSub * Pads::ld32 + Cc * kSub, acc, Pads::ld32);
+  }
+}
+
+// The gradients of q, k and g of chunk blockIdx.x of head blockIdx.y; with Pair also through the key-key
+// scores and ek.
+template <typename E, bool Pair>
 __global__ void __launch_bounds__(kThreads, 2)
     vector_scores_backward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ g,
                                   const E* __restrict__ dA, const E* __restrict__ dqd, const E* __restrict__ dkd,
-                                  const float* __restrict__ da, E* __restrict__ dq, E* __restrict__ dk,
-                                  float* __restrict__ dg, int N, int T, int H, float scale) {
-  using S = BackwardSmem;
+                                  const float* __restrict__ da, const E* __restrict__ dAkk, const E* __restrict__ dek,
+                                  E* __restrict__ dq, E* __restrict__ dk, float* __restrict__ dg, int N, int T, int H,
+                                  float scale) {
+  using S = BackwardSmem<Pair>;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *sdA = view<E>(smem, S::dA);
-  float *sG = view<float>(smem, S::G), *pq = view<float>(smem, S::dq), *pk = view<float>(smem, S::dk);
+  E* dkk = view<E>(smem, S::diag_kk);  // [4, 16, 16]: dAkk's diagonal blocks
+  float *sG = view<float>(smem, S::G), *P1 = view<float>(smem, S::rows_side), *P2 = view<float>(smem, S::cols_side);
   const Chunk at(N, T, H);
-  load_chunk(sq, sk, sG, pk, q, k, g, at);  // the dk products come later
-  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
-    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
-    *reinterpret_cast<uint4*>(sdA + r * S::ld + c) = reinterpret_cast<const uint4*>(dA + at.square())[i];
+  // Global loads are issued well before their data is needed: dA while the chunk's rows come in, the walk's
+  // gradients dqd and dkd while the reference rows and the products are computed (they then take X's place).
+  RowPrefetch<kC, E> rA;
+  rA.fetch(dA + at.square(), kC, 0, kC);
+  load_chunk(sq, sk, sG, P2, q, k, g, at);  // the products come later
+  rA.put(sdA, S::ld);
+  RowPrefetch<kD, E> rdq, rdk;
+  rdq.fetch(dqd + at.rows(), kD, 0, kC), rdk.fetch(dkd + at.rows(), kD, 0, kC);
+  E *sdqd = X, *sdkd = ref(X, 32);
+  if (Pair && threadIdx.x < kRowTiles * kSub * 2) {  // two 16-byte words per row of a diagonal block
+    const int I = threadIdx.x / (2 * kSub), i = (threadIdx.x / 2) % kSub, h = threadIdx.x % 2;
+    *reinterpret_cast<uint4*>(dkk + (I * kSub + i) * kSub + 8 * h) =
+        *reinterpret_cast<const uint4*>(dAkk + at.square() + (I * kSub + i) * kC + I * kSub + 8 * h);
   }
   __syncthreads();
-  reference_rows(X, sq, sk, sG);
-  __syncthreads();
-  // Products below the diagonal: dq rows of sub-chunks 1..3 (12 tiles), dk rows of sub-chunks 0..2 (12).
-  for (int t = threadIdx.x / 32; t < 24; t += kWarps) {
-    const bool for_q = t < 12;
-    const int R = (t % 12) / (kD / 16), Cc = (t % 12) % (kD / 16);
-    Acc acc;
-    zero(acc);
-    if (for_q) {  // sub-chunk I = R + 1 against the keys before it, reference 16 I
-      const int I = R + 1;
-      product_tile<false, false>(acc, sdA, S::ld, X + (I - 1) * kC * S::ld, S::ld, I, Cc, 0, I);
-      store_tile(pq + I * kSub * S::ld32 + Cc * kSub, acc, S::ld32);
-    } else {  // sub-chunk J = R against the queries after it, reference 16 (J + 1)
-      const int J = R;
-      product_tile<true, false>(acc, sdA, S::ld, X + J * kC * S::ld, S::ld, J, Cc, J + 1, kRowTiles);
-      store_tile(pk + J * kSub * S::ld32 + Cc * kSub, acc, S::ld32);
-    }
+  {
+    const RefRows<E> rows[] = {{X, sq, 16, 0, 64}, {ref(X, 32), sq, 32, 0, 64}, {ref(X, 48), sq, 48, 0, 64}};
+    reference_rows(rows, sk, sG);
   }
   __syncthreads();
-  // Thread (I, d): the diagonal block of sub-chunk I in channel d, then its rows' results.
+  side_products(sdA, X, P1, P2, scale);
+  __syncthreads();
+  rdq.put(sdqd, S::ld), rdk.put(sdkd, S::ld);
+  // Thread (I, d): the diagonal block of sub-chunk I in channel d, then its rows' results. x: the row side
+  // of q's gradient, xk of k's (dAkk's), y the column side of k's (both).
   const int I = threadIdx.x / kD, d = threadIdx.x % kD, r0 = I * kSub;
-  float qc[kSub], kc[kSub], gc[kSub], dq_acc[kSub], dk_acc[kSub];
+  float qc[kSub], kc[kSub], gc[kSub], x[kSub], xk[kSub], y[kSub];
 #pragma unroll
   for (int i = 0; i < kSub; ++i) {
     qc[i] = to_float(sq[(r0 + i) * S::ld + d]), kc[i] = to_float(sk[(r0 + i) * S::ld + d]);
     gc[i] = sG[(r0 + i) * S::ld32 + d];
-    dq_acc[i] = 0.f, dk_acc[i] = 0.f;
+    x[i] = 0.f, xk[i] = 0.f, y[i] = 0.f;
   }
 #pragma unroll
   for (int i = 0; i < kSub; ++i) {
 #pragma unroll
     for (int j = 0; j <= i; ++j) {
-      const float w = to_float(sdA[(r0 + i) * S::ld + r0 + j]) * __expf(gc[i] - gc[j]);
-      dq_acc[i] += w * kc[j];
-      dk_acc[j] += w * qc[i];
+      const float e = __expf(gc[i] - gc[j]), w = scale * to_float(sdA[(r0 + i) * S::ld + r0 + j]) * e;
+      x[i] += w * kc[j];
+      y[j] += w * qc[i];
+      if constexpr (Pair) {
+        const float wk = to_float(dkk[(I * kSub + i) * kSub + j]) * e;
+        xk[i] += wk * kc[j];
+        y[j] += wk * kc[i];
+      }
     }
   }
-  const float g_after = I < kRowTiles - 1 ? sG[(r0 + kSub) * S::ld32 + d] : 0.f;  // reference of the dk products
-  const float g_start = sG[r0 * S::ld32 + d];                                      // reference of the dq products
+  __syncthreads();  // dqd and dkd are in place
+  const float g_after = I < kRowTiles - 1 ? sG[(r0 + kSub) * S::ld32 + d] : 0.f;  // reference of the column side
+  const float g_start = sG[r0 * S::ld32 + d];                                      // reference of the row side
   const float g_last = sG[(kC - 1) * S::ld32 + d];
+  // The products back to each row by the reference's factor.
+  auto add_sides = [&](float(&rows)[kSub]) {
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) {
+      const int r = r0 + i;
+      if (I > 0) rows[i] += P1[r * S::ld32 + d] * __expf(gc[i] - g_start);
+      if (I < kRowTiles - 1) y[i] += P2[r * S::ld32 + d] * __expf(g_after - gc[i]);
+    }
+  };
+  add_sides(x);
   float kd_dkd = 0.f;  // Σ over this thread's rows of kd ⊙ dkd
   float dG[kSub];
 #pragma unroll
   for (int i = 0; i < kSub; ++i) {
     const int r = r0 + i;
-    const size_t walk_row = at.rows() + static_cast<size_t>(r) * kD + d;
-    float x = dq_acc[i], y = dk_acc[i];
-    if (I > 0) x += pq[r * S::ld32 + d] * __expf(gc[i] - g_start);
-    if (I < kRowTiles - 1) y += pk[r * S::ld32 + d] * __expf(g_after - gc[i]);
-    const float eq = scale * __expf(gc[i]), ek = __expf(g_last - gc[i]), dkd_r = to_float(dkd[walk_row]);
-    x = x * scale + eq * to_float(dqd[walk_row]);
-    y = y * scale + ek * dkd_r;
-    kd_dkd += kc[i] * ek * dkd_r;
-    if (at.live(r)) {
-      dq[at.row(r) + d] = from_float<E>(x);
-      dk[at.row(r) + d] = from_float<E>(y);
+    const float ekd = __expf(g_last - gc[i]), dkd_r = to_float(sdkd[r * S::ld + d]);
+    x[i] += scale * __expf(gc[i]) * to_float(sdqd[r * S::ld + d]);
+    y[i] += ekd * dkd_r;
+    kd_dkd += kc[i] * ekd * dkd_r;
+    if (at.live(r)) dq[at.row(r) + d] = from_float<E>(x[i]);
+    dG[i] = qc[i] * x[i];
+  }
+  if constexpr (Pair) {  // the same products again for dAkk, with the keys from row m on
+    RowPrefetch<kD, E> rdek;
+    rA.fetch(dAkk + at.square(), kC, 0, kC), rdek.fetch(dek + at.rows(), kD, 0, kC);
+    __syncthreads();  // the products, dA, dqd and dkd are read
+    {  // X_16 and X_32 whole again (dqd and dkd took their place), X_48 from row 48 on
+      const RefRows<E> rows[] = {{X, sk, 16, 0, 64}, {ref(X, 32), sk, 32, 0, 64}, {ref(X, 48), sk, 48, 48, 64}};
+      reference_rows(rows, sk, sG);
     }
-    dG[i] = qc[i] * x - kc[i] * y;
+    rA.put(sdA, S::ld);
+    __syncthreads();
+    side_products(sdA, X, P1, P2, 1.f);
+    __syncthreads();
+    rdek.put(sdqd, S::ld);
+    __syncthreads();
+    add_sides(xk);
+#pragma unroll
+    for (int i = 0; i < kSub; ++i) xk[i] += __expf(gc[i]) * to_float(sdqd[(r0 + i) * S::ld + d]);
+  }
+#pragma unroll
+  for (int i = 0; i < kSub; ++i) {
+    if (at.live(r0 + i)) dk[at.row(r0 + i) + d] = from_float<E>(xk[i] + y[i]);
+    dG[i] += kc[i] * (xk[i] - y[i]);
   }
   // Row 63 also carries Gl: Σ_r kd ⊙ dkd over the whole chunk and a ⊙ da.
-  float *sums = pq, *totals = pk;  // the products are read
+  float *sums = P1, *totals = P2;  // the products are read
   __syncthreads();
   sums[I * kD + d] = kd_dkd;
   __syncthreads();
@@ -312,6 +437,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (at.live(r0 + i)) dg[at.row(r0 + i) + d] = run;
   }
 }
+
 
 // x must have these sizes and dtype and be contiguous.
 void check_rows(const torch::Tensor& x, torch::IntArrayRef sizes, torch::ScalarType dt, const char* name) {
@@ -341,7 +467,7 @@ Shape shape_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tens
 }  // namespace
 
 VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
-                                          double scale) {
+                                          double scale, bool key_scores) {
   const Shape p = shape_of(q, k, g);
   const c10::cuda::CUDAGuard guard(q.device());
   VectorScoresForward out;
@@ -349,43 +475,58 @@ VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::T
   out.qd = torch::empty(p.walk_rows(), q.options());
   out.kd = torch::empty(p.walk_rows(), q.options());
   out.a = torch::empty({p.B, p.H, p.N, kD}, g.options());
+  if (key_scores) {
+    out.Akk = torch::empty_like(out.A);
+    out.ek = torch::empty_like(out.qd);
+  }
   if (p.N == 0 || p.BH() == 0) return out;
+  const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH()));
   dispatch_16bit(q.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
-    auto kernel = vector_scores_forward_kernel<E>;
-    constexpr size_t smem = ForwardSmem::bytes;
-    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH()));
-    launch(kernel, grid, kThreads, smem,
-        data_as<E>(q), data_as<E>(k), g.data_ptr<float>(), data_as<E>(out.A), data_as<E>(out.qd), data_as<E>(out.kd),
-        out.a.data_ptr<float>(), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H),
-        static_cast<float>(scale));
+    auto args = [&](auto kernel, size_t smem) {
+      launch(kernel, grid, kThreads, smem, data_as<E>(q), data_as<E>(k), g.data_ptr<float>(), data_as<E>(out.A),
+          data_as<E>(out.qd), data_as<E>(out.kd), out.a.data_ptr<float>(),
+          key_scores ? data_as<E>(out.Akk) : nullptr, key_scores ? data_as<E>(out.ek) : nullptr,
+          static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H), static_cast<float>(scale));
+    };
+    if (key_scores) args(vector_scores_forward_kernel<E, true>, ForwardSmem<true>::bytes);
+    else args(vector_scores_forward_kernel<E, false>, ForwardSmem<false>::bytes);
   });
   return out;
 }
 
 VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
                                          const torch::Tensor& dA, const torch::Tensor& dqd, const torch::Tensor& dkd,
-                                         const torch::Tensor& da, double scale) {
+                                         const torch::Tensor& da, double scale, const torch::Tensor& dAkk,
+                                         const torch::Tensor& dek) {
   const Shape p = shape_of(q, k, g);
   check_rows(dA, {p.B, p.H, p.N, kC, kC}, q.scalar_type(), "dA");
   check_rows(dqd, p.walk_rows(), q.scalar_type(), "dqd (the walk's rows)");
   check_rows(dkd, p.walk_rows(), q.scalar_type(), "dkd (the walk's rows)");
   check_rows(da, {p.B, p.H, p.N, kD}, torch::kFloat, "da");
+  const bool key_scores = dAkk.defined();
+  TORCH_CHECK(key_scores == dek.defined(), "fused vector-decay scores: dAkk and dek come together or not at all");
+  if (key_scores) {
+    check_rows(dAkk, {p.B, p.H, p.N, kC, kC}, q.scalar_type(), "dAkk");
+    check_rows(dek, p.walk_rows(), q.scalar_type(), "dek (the walk's rows)");
+  }
   const c10::cuda::CUDAGuard guard(q.device());
   VectorScoresGrads out;
   out.dq = torch::empty_like(q);
   out.dk = torch::empty_like(k);
   out.dg = torch::empty_like(g);
   if (p.N == 0 || p.BH() == 0) return out;
+  const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH()));
   dispatch_16bit(q.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
-    auto kernel = vector_scores_backward_kernel<E>;
-    constexpr size_t smem = BackwardSmem::bytes;
-    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH()));
-    launch(kernel, grid, kThreads, smem,
-        data_as<E>(q), data_as<E>(k), g.data_ptr<float>(), data_as<E>(dA), data_as<E>(dqd), data_as<E>(dkd),
-        da.data_ptr<float>(), data_as<E>(out.dq), data_as<E>(out.dk), out.dg.data_ptr<float>(), static_cast<int>(p.N),
-        static_cast<int>(p.T), static_cast<int>(p.H), static_cast<float>(scale));
+    auto args = [&](auto kernel, size_t smem) {
+      launch(kernel, grid, kThreads, smem, data_as<E>(q), data_as<E>(k), g.data_ptr<float>(), data_as<E>(dA),
+          data_as<E>(dqd), data_as<E>(dkd), da.data_ptr<float>(), key_scores ? data_as<E>(dAkk) : nullptr,
+          key_scores ? data_as<E>(dek) : nullptr, data_as<E>(out.dq), data_as<E>(out.dk), out.dg.data_ptr<float>(),
+          static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H), static_cast<float>(scale));
+    };
+    if (key_scores) args(vector_scores_backward_kernel<E, true>, BackwardSmem<true>::bytes);
+    else args(vector_scores_backward_kernel<E, false>, BackwardSmem<false>::bytes);
   });
   return out;
 }

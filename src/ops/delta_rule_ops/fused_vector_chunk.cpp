@@ -1,13 +1,14 @@
 // Family B with a decay per key channel (Kimi Delta Attention) through fused CUDA kernels, head size 64
-// (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp as four kernels
+// (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp as three kernels
 // each way:
-//   Aqk, qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k, a = e^{Gl}   GLA's scores kernel, q against k
-//   Akk, e^G ⊙ k                                               the same kernel, k against k (scale 1)
+//   Aqk, qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k, a = e^{Gl}   GLA's scores kernel, q against k, which
+//   Akk, e^G ⊙ k                                               also gives the keys' own scores (scale 1)
 //   [W U] = (I + L)^{-1} diag(beta) [e^G ⊙ k, v],  L = strictly lower diag(beta) Akk
 //                                                             (ut_transform.cu, given the scores)
 //   o, S_T = the walk from qd, kd, W, U, Aqk and a             (chunk_vector_decay.cu, the delta rule)
 // Autograd joins the parts: the walk's dW and dU go back through the transform to Akk, beta, e^G ⊙ k
-// and v, and both scores kernels' backwards take their share back to q, k and g.
+// and v, and the scores kernel's backward takes both scores' gradients (and those of the row factors)
+// back to q, k and g in one pass.
 #include <cstdint>
 #include <stdexcept>
 
@@ -92,11 +93,10 @@ std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, co
   const int64_t T = q.size(1);
   auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
   auto qh = operand(q, *dt), kh = operand(k, *dt), gf = operand(g, torch::kFloat);
-  auto qs = fused_vector_scores(qh, kh, gf, scale);  // Aqk, qd, kd, a
-  auto ks = fused_vector_scores(kh, kh, gf, 1.0);    // Akk, e^G ⊙ k (its kd and a repeat the first call's)
-  auto WU = UtGivenFunction::apply(ks[0], ks[1], operand(v, *dt),
+  auto s = fused_vector_scores(qh, kh, gf, scale, /*key_scores=*/true);  // Aqk, qd, kd, a, Akk, e^G ⊙ k
+  auto WU = UtGivenFunction::apply(s[4], s[5], operand(v, *dt),
                                    beta.to(torch::kFloat).transpose(1, 2).contiguous());  // beta [B,H,T]
-  auto out = VectorDeltaWalkFunction::apply(qs[1], qs[2], WU[0], WU[1], qs[0], qs[3], kernel_state(h0, q.options()), T);
+  auto out = VectorDeltaWalkFunction::apply(s[1], s[2], WU[0], WU[1], s[0], s[3], kernel_state(h0, q.options()), T);
   return OpResult{out[0].to(v.scalar_type()), out[1]};
 #else
   (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;

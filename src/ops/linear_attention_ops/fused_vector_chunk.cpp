@@ -6,7 +6,8 @@
 //   cumulative sum of the log decay g                                          (vector_decay_scores.cu)
 //   o, S_T = the walk over the chunks from qd, kd, v, A and a                  (chunk_vector_decay.cu)
 // Two autograd functions for the kernels; the scores' backward takes the walk's dqd, dkd and da back to
-// q, k and g.
+// q, k and g. Kimi Delta Attention (delta_rule_ops/fused_vector_chunk.cpp) asks the scores function for the
+// keys' own scores as well.
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -28,13 +29,15 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // q, k [B,T,H,64] (one 16-bit dtype), g the same in fp32 -> A [B,H,N,64,64], qd, kd [B,H,N*64,64] (q's
-// dtype) and a [B,H,N,64] fp32.
+// dtype) and a [B,H,N,64] fp32; with key_scores also Akk [B,H,N,64,64] and ek [B,H,N*64,64].
 struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
-                               const torch::Tensor& g, double scale) {
+                               const torch::Tensor& g, double scale, bool key_scores) {
     ctx->save_for_backward({q, k, g});
     ctx->saved_data["scale"] = scale;
-    auto r = cuda_kernels::vector_scores_forward(q, k, g, scale);
+    ctx->saved_data["key_scores"] = key_scores;
+    auto r = cuda_kernels::vector_scores_forward(q, k, g, scale, key_scores);
+    if (key_scores) return {r.A, r.qd, r.kd, r.a, r.Akk, r.ek};
     return {r.A, r.qd, r.kd, r.a};
   }
 
@@ -42,14 +45,17 @@ struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunct
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &g = saved[2];
     const int64_t B = q.size(0), T = q.size(1), H = q.size(2), N = (T + 63) / 64;
+    const std::vector<int64_t> square = {B, H, N, 64, 64}, rows = {B, H, N * 64, 64};
     auto grad = [&](const torch::Tensor& d, torch::IntArrayRef shape, torch::ScalarType dt) {  // zeros when absent
       return d.defined() ? aligned_rows(d.to(dt)) : torch::zeros(shape, q.options().dtype(dt));
     };
-    auto r = cuda_kernels::vector_scores_backward(
-        q, k, g, grad(grads[0], {B, H, N, 64, 64}, q.scalar_type()), grad(grads[1], {B, H, N * 64, 64}, q.scalar_type()),
-        grad(grads[2], {B, H, N * 64, 64}, q.scalar_type()), grad(grads[3], {B, H, N, 64}, torch::kFloat),
-        ctx->saved_data["scale"].toDouble());
-    return {r.dq, r.dk, r.dg, torch::Tensor()};
+    const auto dt = q.scalar_type();
+    torch::Tensor dAkk, dek;
+    if (ctx->saved_data["key_scores"].toBool()) dAkk = grad(grads[4], square, dt), dek = grad(grads[5], rows, dt);
+    auto r = cuda_kernels::vector_scores_backward(q, k, g, grad(grads[0], square, dt), grad(grads[1], rows, dt),
+                                                  grad(grads[2], rows, dt), grad(grads[3], {B, H, N, 64}, torch::kFloat),
+                                                  ctx->saved_data["scale"].toDouble(), dAkk, dek);
+    return {r.dq, r.dk, r.dg, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -81,11 +87,11 @@ struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction>
 #endif
 
 std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
-                                               double scale) {
+                                               double scale, bool key_scores) {
 #ifdef LINEARIZE_WITH_CUDA
-  return VectorScoresFunction::apply(q, k, g, scale);
+  return VectorScoresFunction::apply(q, k, g, scale, key_scores);
 #else
-  (void)q, (void)k, (void)g, (void)scale;
+  (void)q, (void)k, (void)g, (void)scale, (void)key_scores;
   throw std::logic_error("fused_vector_scores: not compiled in (CPU build)");
 #endif
 }
