@@ -440,6 +440,32 @@ TEST(CudaOps, FusedVectorScoresWithKeyScoresMatchTwoCalls) {
   }
 }
 
+// The scalar decay's gradient from a walk's row sums: the one-launch kernel (ops/cuda/decay_gradient.cu,
+// what walk_decay_gradient runs on CUDA) against the libtorch form (what it runs on the CPU), with and
+// without the w rows and the final state's gradient; T = 333 ends inside a tile and a chunk, T = 1500
+// spans three tiles of 512.
+TEST(CudaOps, DecayGradientKernelMatchesLibtorch) {
+  REQUIRE_CUDA();
+  const int64_t B = 2, H = 3, K = 16, V = 8, C = 64;
+  for (const int64_t T : {333, 1500})
+    for (const bool rows_w : {false, true})
+      for (const bool with_final : {false, true}) {
+        SCOPED_TRACE("T=" + std::to_string(T) + " w=" + std::to_string(rows_w) + " final=" + std::to_string(with_final));
+        torch::manual_seed(T + 2 * rows_w + with_final);
+        const int64_t Tw = (T + C - 1) / C * C;
+        auto dot_q = torch::randn({B, H, T}), dot_k = torch::randn({B, H, T});
+        auto dot_w = rows_w ? torch::randn({B, H, Tw}) : torch::Tensor();
+        auto final_state = torch::randn({B, H, K, V}), d_final = with_final ? torch::randn({B, H, K, V}) : torch::Tensor();
+        auto cuda = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kCUDA) : t; };
+        const auto want = ops::detail::walk_decay_gradient(dot_q, dot_k, dot_w, C, d_final, final_state);
+        const auto got = ops::detail::walk_decay_gradient(cuda(dot_q), cuda(dot_k), cuda(dot_w), C, cuda(d_final),
+                                                          cuda(final_state));
+        ASSERT_TRUE(got.is_cuda());
+        ASSERT_EQ(got.sizes(), want.sizes());
+        EXPECT_LE(rel_err(got, want), 1e-5);
+      }
+}
+
 // The mLSTM through the scalar-decay kernels (numerator) and an fp32 normaliser, in bf16 and fp16,
 // against the libtorch chunked form in fp32 on the same rounded inputs: h, the final state (c, n, m) and
 // the gradients of q, k, v, both gates and the initial state. Head size 64 and 128, T = 333 (a partial

@@ -190,6 +190,10 @@ torch::Tensor kernel_state(const torch::Tensor& h0, const torch::TensorOptions& 
 
 torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k, const torch::Tensor& dot_w,
                                   int64_t chunk, const torch::Tensor& d_final, const torch::Tensor& final_state) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (dot_q.is_cuda() && cuda_kernels::decay_gradient_supported(chunk))
+    return cuda_kernels::decay_gradient(dot_q, dot_k, dot_w, chunk, d_final, final_state);
+#endif
   auto db = dot_q - dot_k;                                               // [B,H,T]
   auto dg = db.flip(2).cumsum(2).flip(2);                                // Σ_{t >= s}
   if (dot_w.defined()) {

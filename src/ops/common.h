@@ -187,7 +187,8 @@ std::pair<torch::Tensor, torch::Tensor> fused_ut_transform(const torch::Tensor& 
 // with b at the step before the chunk (W S reads the decayed state). So
 //   dL/dg_s = Σ_{t>=s} (q_t·dq_t - k_t·dk_t) + Σ_{chunks n starting after s} Σ_{rows of n} w·dw + <dS_T, S_T>.
 // dot_q, dot_k [B,H,T]; dot_w [B,H,N*chunk] or undefined (no w rows: family A); d_final, final_state
-// [B,H,K,V] (d_final may be undefined). Returns [B,H,T].
+// [B,H,K,V] (d_final may be undefined). Returns [B,H,T]. On CUDA one kernel (ops/cuda/decay_gradient.cu),
+// elsewhere libtorch.
 torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k, const torch::Tensor& dot_w,
                                   int64_t chunk, const torch::Tensor& d_final, const torch::Tensor& final_state);
 

@@ -71,6 +71,14 @@ DiagonalScoresGrads diagonal_scores_backward(const torch::Tensor& X, const torch
 constexpr int64_t kMaxInverseSize = 64;
 torch::Tensor unit_lower_inverse(const torch::Tensor& L);
 
+// The scalar decay's gradient through a fused walk from its row sums (ops/cuda/decay_gradient.cu), as
+// detail::walk_decay_gradient defines it: dot_q, dot_k [B,H,T], dot_w [B,H,N*chunk] or undefined,
+// final_state and d_final (or undefined) [B,H,K,V], all fp32 contiguous -> dg [B,H,T] fp32. One launch;
+// the chunk must divide the kernel's tile of 512 steps (decay_gradient_supported).
+bool decay_gradient_supported(int64_t chunk);
+torch::Tensor decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k, const torch::Tensor& dot_w,
+                             int64_t chunk, const torch::Tensor& d_final, const torch::Tensor& final_state);
+
 // Family A with no decay or a scalar decay per step, chunked (C = 64) and fused: one block per (batch,
 // head) walks the chunks with the state in shared memory, products on tensor cores (ops/cuda/
 // chunk_scalar_decay.cu). q, k [B,T,H,K], v [B,T,H,V] contiguous, one 16-bit dtype; g [B,H,T] fp32 per-step
