@@ -33,7 +33,7 @@ namespace {
 
 // Shared memory of one block (the same for the three kernels). 16-bit rows are padded by 8
 // elements and fp32 rows by 4, so tile rows stay 16-byte aligned (as ldmatrix needs) and rows do not
-// start on the same bank.
+// start on the same bank. With K = V = 64 it is about 98 KiB, so two blocks share an SM (kBlocksPerSm).
 template <int K, int V>
 struct Layout {
   static constexpr int ldk = K + 8, ldv = V + 8, ldc = kC + 8;    // 16-bit
@@ -47,10 +47,14 @@ struct Layout {
   static constexpr size_t state16 = state + round32(size_t{K} * ldv32 * 4);
   static constexpr size_t scores = state16 + round32(size_t{K} * ldv * 2);  // two 16-bit [C, C]
   static constexpr size_t stage = scores + 2 * round32(size_t{kC} * ldc * 2);
-  static constexpr size_t stage_bytes = 2 * kC * ldc32 * 4 > kC * ldo32 * 4 ? 2 * kC * ldc32 * 4 : kC * ldo32 * 4;
+  static constexpr size_t stage_bytes = kC * ldc32 > kC * ldo32 ? kC * ldc32 * 4 : kC * ldo32 * 4;
   static constexpr size_t gates = stage + round32(stage_bytes);  // fp32 [3, C]: G, e^G, e^{Gl - G}
   static constexpr size_t bytes = gates + 3 * kC * 4;
 };
+
+// Blocks that fit on one SM: for head size 64 the layout and at most 128 registers a thread allow two.
+template <int K>
+constexpr int kBlocksPerSm = K == 64 ? 2 : 1;
 
 struct Shape {
   int B, T, H;
@@ -67,7 +71,7 @@ struct BlockView {
   size_t k_row, v_row;                    // row strides of [B,T,H,K] and [B,T,H,V]
   size_t head_k, head_v;                  // offsets of row 0 of this head
   size_t state_at, steps_at;              // offsets in [B*H, K, V] and [B*H, T]
-  int bh, warp;
+  int bh;
 
   __device__ BlockView(unsigned char* smem, const Shape& p) {
     q = reinterpret_cast<E*>(smem + L::q), k = reinterpret_cast<E*>(smem + L::k);
@@ -76,7 +80,7 @@ struct BlockView {
     dA16 = A16 + kC * L::ldc;
     S = reinterpret_cast<float*>(smem + L::state), stage = reinterpret_cast<float*>(smem + L::stage);
     G = reinterpret_cast<float*>(smem + L::gates), eG = G + kC, eEnd = G + 2 * kC;
-    bh = blockIdx.x, warp = threadIdx.x / 32;
+    bh = blockIdx.x;
     const int b = bh / p.H, h = bh % p.H;
     k_row = static_cast<size_t>(p.H) * K, v_row = static_cast<size_t>(p.H) * V;
     head_k = (static_cast<size_t>(b) * p.T * p.H + h) * K, head_v = (static_cast<size_t>(b) * p.T * p.H + h) * V;
@@ -85,7 +89,7 @@ struct BlockView {
 };
 
 template <int K, int V, typename E>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
     chunk_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                          const float* __restrict__ g, const float* __restrict__ h0, E* __restrict__ o,
                          float* __restrict__ final_state, Shape p) {
@@ -94,7 +98,6 @@ __global__ void __launch_bounds__(kThreads)
   const BlockView<K, V, E> blk(smem, p);
   E *sq = blk.q, *sk = blk.k, *sv = blk.v, *S16 = blk.S16, *A16 = blk.A16;
   float *S = blk.S, *stage = blk.stage, *G = blk.G, *eG = blk.eG, *eEnd = blk.eEnd;
-  const int warp = blk.warp;
   const size_t sk_row = blk.k_row, sv_row = blk.v_row, head_k = blk.head_k, head_v = blk.head_v;
   const float* gh = g != nullptr ? g + blk.steps_at : nullptr;
 
@@ -136,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
 // blockIdx.y == 0: forward walk for dq; blockIdx.y == 1: reverse walk for dk, dv and dS0. With a gate,
 // also the row sums q_t·dq_t and k_t·dk_t (fp32, before dq and dk are rounded) into dot_q, dot_k [B*H, T].
 template <int K, int V, typename E>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
     chunk_backward_kernel(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
                           const float* __restrict__ g, const float* __restrict__ h0, const E* __restrict__ dout,
                           const float* __restrict__ d_final, E* __restrict__ dq, E* __restrict__ dk,
@@ -147,7 +150,6 @@ __global__ void __launch_bounds__(kThreads)
   const BlockView<K, V, E> blk(smem, p);
   E *sq = blk.q, *sk = blk.k, *sv = blk.v, *sdo = blk.dout, *S16 = blk.S16, *A16 = blk.A16, *dA16 = blk.dA16;
   float *S = blk.S, *stage = blk.stage, *G = blk.G, *eG = blk.eG, *eEnd = blk.eEnd;
-  const int warp = blk.warp;
   const size_t sk_row = blk.k_row, sv_row = blk.v_row, head_k = blk.head_k, head_v = blk.head_v;
   const float* gh = g != nullptr ? g + blk.steps_at : nullptr;
   const size_t state_at = blk.state_at, dots_at = blk.steps_at;
@@ -213,15 +215,15 @@ __global__ void __launch_bounds__(kThreads)
     chunk_gates(G, ng);
     if (n > 0) ng = fetch(t0 - kC);  // in flight while this chunk is computed
     __syncthreads();
-    // Raw q k^T and do v^T side by side in the staging area.
-    float* raw_dA = stage + kC * L::ldc32;
-    for (int t = warp; t < 2 * kLowerTiles; t += kWarps) {
-      if (t < kLowerTiles) score_tile<K>(stage, L::ldc32, sq, sk, L::ldk, t);
-      else score_tile<V>(raw_dA, L::ldc32, sdo, sv, L::ldv, t - kLowerTiles);
-    }
+    // Raw q k^T, masked into A16, then raw do v^T through the same staging area, masked into dA16 (one
+    // staging area, not two side by side, keeps the layout small enough for two blocks an SM).
+    scores_into_stage<K>(stage, L::ldc32, sq, sk, L::ldk);
     __syncthreads();
     decay_mask(A16, L::ldc, stage, L::ldc32, G, p.scale);
-    decay_mask(dA16, L::ldc, raw_dA, L::ldc32, G, p.scale);
+    __syncthreads();
+    scores_into_stage<V>(stage, L::ldc32, sdo, sv, L::ldv);
+    __syncthreads();
+    decay_mask(dA16, L::ldc, stage, L::ldc32, G, p.scale);
     scale_rows<V>(sv, L::ldv, eEnd, 1.f);
     __syncthreads();
     // dk = dA^T q + (e^{Gl-G} v) dS'^T  (k itself is still unscaled for k·dk)
