@@ -6,7 +6,7 @@
 //     unpack8, pack8, load8);
 //   - a 16x16 fp32 accumulator tile in mma.sync's register layout (Acc, zero, store_tile, load_tile) and
 //     16-bit operand tiles loaded with ldmatrix (product_tile);
-//   - tile products (product_tile, score_tile, scores_into_stage, lower_tiles_into_stage, tiles_into_stage,
+//   - tile products (product_tile, scores_into_stage, lower_tiles_into_stage, tiles_into_stage,
 //     two_tiles_into_stage, accumulate_state, update_state) over
 //     row-major tiles, and x - y row by row (subtract_rows);
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
@@ -329,17 +329,6 @@ __device__ void scale_rows(E* x, int ld, const float* f, float factor) {
     for (int j = 0; j < 8; ++j) v[j] *= m;
     *p = pack8<E>(v);
   }
-}
-
-// Lower score tile number t (of kLowerTiles) of X Y^T ([C, D] each, row-major) into raw [C, ld32].
-template <int D, typename E>
-__device__ void score_tile(float* raw, int ld32, const E* X, const E* Y, int ld, int t) {
-  int R, Cc;
-  lower_tile(t, R, Cc);
-  Acc acc;
-  zero(acc);
-  product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
-  store_tile(raw + R * 16 * ld32 + Cc * 16, acc, ld32);
 }
 
 // Every 16x16 tile on or below the diagonal of a [C, C] fp32 result (row stride ld32), spread over the
