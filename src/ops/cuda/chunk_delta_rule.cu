@@ -8,7 +8,8 @@
 //   A   = scale (q k^T) ⊙ exp(G_i - G_j) for j <= i, 0 above
 //   o   = (scale e^G ⊙ q) S + A V'
 //   S'  = e^Gl S + (e^{Gl - G} ⊙ k)^T V'
-// Only V' and S' depend on the state before, so each direction is split in two kernels:
+// (where a row factor e^G or e^{Gl - G} scales the rows of a product, the kernels apply it to the fp32
+// accumulator, not to the 16-bit operand). Only V' and S' depend on the state before, so each direction is split in two kernels:
 //   - a walk, one thread block per (batch, head) stepping through the chunks, that carries the state and
 //     does only the products on that sequential path: W S and the update going forward (it stores S for
 //     every chunk and V'), and going back
@@ -43,33 +44,33 @@ struct Pads : Pads64 {
   static constexpr size_t gates = 3 * kC * 4;  // G, e^G, e^{Gl - G}
 };
 
-// Forward walk: k, w, u (then V'); the state's 16-bit copy; one staging area; gates. About 54 KiB.
+// Forward walk: k, w, u (then V'); the state's 16-bit copy; gates. About 37 KiB.
 struct WalkForwardLayout : Pads {
   static constexpr size_t k = 0, w = k + rows16, u = w + rows16, state16 = u + rows16;
-  static constexpr size_t stage = state16 + rows16, gate = stage + mat32, bytes = gate + gates;
+  static constexpr size_t gate = state16 + rows16, bytes = gate + gates;
 };
 
-// Output: q, k, V', the state entering (16-bit), A; one staging area (raw scores, then o); gates.
+// Output: q, k, V', the state entering (16-bit), A; one staging area (o); gates.
 // About 63 KiB.
 struct OutputLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, v = k + rows16, state16 = v + rows16, scores = state16 + rows16;
   static constexpr size_t stage = scores + rows16, gate = stage + mat32, bytes = gate + gates;
 };
 
-// Backward walk: q, k, w, do, -dV'; dS''s 16-bit copy; A (the forward's); one staging area; gates.
-// About 81 KiB.
+// Backward walk: q, k, w, do, -dV'; dS''s 16-bit copy; A (the forward's); gates. About 64 KiB.
 struct WalkBackwardLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, w = k + rows16, dout = w + rows16, dv = dout + rows16;
   static constexpr size_t dstate16 = dv + rows16, scores = dstate16 + rows16;
-  static constexpr size_t stage = scores + rows16, gate = stage + mat32, bytes = gate + gates;
+  static constexpr size_t gate = scores + rows16, bytes = gate + gates;
 };
 
-// Gradients of the rows: q, k, w, V', do; S and dS' (16-bit); dV', then dA where it was; one staging
-// area; gates. About 90 KiB.
+// Gradients of the rows: q, k, w, V', do; S and dS' (16-bit); dV', then dA where it was; two staging
+// areas (dw, then dk and dq side by side); gates. About 108 KiB: two blocks an SM.
 struct RowGradsLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, w = k + rows16, v = w + rows16, dout = v + rows16;
   static constexpr size_t state16 = dout + rows16, dstate16 = state16 + rows16, scores = dstate16 + rows16;
-  static constexpr size_t stage = scores + rows16, gate = stage + mat32, bytes = gate + gates;
+  static constexpr size_t stage = scores + rows16, stage2 = stage + mat32, gate = stage2 + mat32;
+  static constexpr size_t bytes = gate + gates;
 };
 
 struct Shape {
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(128) unsigned char smem[];
   E *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *su = view<E>(smem, L::u);
   E* S16 = view<E>(smem, L::state16);
-  float *stage = view<float>(smem, L::stage), *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
+  float *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
   const Rows rows(p, blockIdx.x);
   const float* gh = g != nullptr ? g + rows.steps : nullptr;
 
@@ -129,12 +130,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (n + 1 < p.N) ng = fetch(t0 + kC);  // in flight while this chunk is computed
     __syncthreads();
     store_state16<D, D>(states + rows.stored_state(n, p.N), S16, L::ld);
-    tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {  // w S
+    scale_rows<D>(sk, L::ld, eEnd, 1.f);  // for the update; the product below reads no k
+    each_tile<D>([&](int R, int Cc) {     // su = V' = u - w S, tile by tile in place
+      Acc acc;
+      zero(acc);
       product_tile<false, false>(acc, sw, L::ld, S16, L::ld, R, Cc, 0, D / 16);
+      subtract_tile16(su + R * 16 * L::ld + Cc * 16, acc, L::ld);
     });
-    __syncthreads();
-    subtract_rows<D, true>(su, L::ld, stage, L::ld32);  // su = V' = u - w S
-    scale_rows<D>(sk, L::ld, eEnd, 1.f);
     __syncthreads();
     store_state16<kC, D>(values + rows.chunked + static_cast<size_t>(t0) * D, su, L::ld);
     S.update(eG[kC - 1], [&](Acc& acc, int R, int Cc) {  // S' = e^Gl S + (e^{Gl-G} k)^T V'
@@ -169,14 +171,12 @@ __global__ void __launch_bounds__(kThreads, 3)
     rq.put(sq, L::ld), rk.put(sk, L::ld), rv.put(sv, L::ld), rS.put(S16, L::ld);
   }
   __syncthreads();
-  scores_into_stage<D>(stage, L::ld32, sq, sk, L::ld);  // raw q k^T
-  __syncthreads();
-  decay_mask(A16, L::ld, stage, L::ld32, G, p.scale);
-  scale_rows<D>(sq, L::ld, eG, p.scale);
+  decayed_scores16<D>(A16, L::ld, sq, sk, L::ld, G, p.scale);
   __syncthreads();
   store_state16<kC, kC>(scores + rows.stored_state(n, p.N), A16, L::ld);
-  tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {  // o = (scale e^G q) S + A V'
+  tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {  // o = scale e^G (q S) + A V'
     product_tile<false, false>(acc, sq, L::ld, S16, L::ld, R, Cc, 0, D / 16);
+    scale_tile_rows(acc, eG, R, p.scale);
     product_tile<false, false>(acc, A16, L::ld, sv, L::ld, R, Cc, 0, R + 1);
   });
   __syncthreads();
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *sdo = view<E>(smem, L::dout);
   E *sdv = view<E>(smem, L::dv), *dS16 = view<E>(smem, L::dstate16), *A16 = view<E>(smem, L::scores);
-  float *stage = view<float>(smem, L::stage), *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
+  float *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
   const Rows rows(p, blockIdx.x);
   const float* gh = g != nullptr ? g + rows.steps : nullptr;
 
@@ -220,16 +220,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (n > 0) ng = fetch(n - 1);  // in flight while this chunk is computed
     __syncthreads();
     store_state16<D, D>(dstates + rows.stored_state(n, p.N), dS16, L::ld);
-    scale_rows<D>(sk, L::ld, eEnd, 1.f);
-    scale_rows<D>(sq, L::ld, eG, p.scale);
-    __syncthreads();
-    tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {  // dV' = A^T do + (e^{Gl-G} k) dS'
-      product_tile<true, false>(acc, A16, L::ld, sdo, L::ld, R, Cc, R, kRowTiles);
+    scale_rows<D>(sq, L::ld, eG, p.scale);                               // for dS; the next product reads no q
+    each_tile<D>([&](int R, int Cc) {  // dV' = A^T do + e^{Gl-G} (k dS'): du = dV' out, -dV' kept
+      Acc acc;
+      zero(acc);
       product_tile<false, false>(acc, sk, L::ld, dS16, L::ld, R, Cc, 0, D / 16);
+      scale_tile_rows(acc, eEnd, R, 1.f);
+      product_tile<true, false>(acc, A16, L::ld, sdo, L::ld, R, Cc, R, kRowTiles);
+      store_tile16(du + rows.chunked + static_cast<size_t>(t0 + 16 * R) * D + 16 * Cc, acc, D);
+#pragma unroll
+      for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
+      store_tile16(sdv + R * 16 * L::ld + Cc * 16, acc, L::ld);
     });
-    __syncthreads();
-    store_rows<D>(du + rows.chunked, D, t0, rows.Tp, stage, L::ld32);
-    subtract_rows<D, false>(sdv, L::ld, stage, L::ld32);  // -dV'
     __syncthreads();
     // dS = e^Gl dS' + (scale e^G q)^T do + W^T (-dV').
     dS.update(eG[kC - 1], [&](Acc& acc, int R, int Cc) {
@@ -244,7 +246,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 // dq, dk and dw of chunk blockIdx.x of head blockIdx.y from the stored S, V', dS' and dV'; with a gate also
 // the row sums q·dq, k·dk [B*H, T] and w·dw [B*H, N*C] (fp32, taken before the gradients are rounded).
-// The results pass through one staging area one after another.
+// dw passes through one staging area, then dk and dq through two side by side. The row factors e^G and
+// e^{Gl - G} scale the products' accumulators, not the 16-bit rows.
 template <typename E>
 __global__ void __launch_bounds__(kThreads, 2)
     delta_row_grads_kernel(const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ w,
@@ -258,7 +261,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *sv = view<E>(smem, L::v);
   E *sdo = view<E>(smem, L::dout), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
   E* A16 = view<E>(smem, L::scores);  // dV' first, then dA
-  float *stage = view<float>(smem, L::stage), *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
+  float *stage = view<float>(smem, L::stage), *stage2 = view<float>(smem, L::stage2);
+  float *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
   const int n = blockIdx.x, t0 = n * kC;
   const Rows rows(p, blockIdx.y);
   const bool dots = dot_q != nullptr;  // all three or none
@@ -281,26 +285,24 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   store_rows<D>(dw + rows.chunked, D, t0, rows.Tp, stage, L::ld32, sw, L::ld,
                 dots ? dot_w + static_cast<size_t>(rows.bh) * rows.Tp : nullptr);
+  decayed_scores16<D>(A16, L::ld, sdo, sv, L::ld, G, p.scale);  // dA (dV' was last read before the barrier)
   __syncthreads();
-  scores_into_stage<D>(stage, L::ld32, sdo, sv, L::ld);  // raw do V'^T
-  __syncthreads();
-  decay_mask(A16, L::ld, stage, L::ld32, G, p.scale);  // dA
-  scale_rows<D>(sdo, L::ld, eG, p.scale);               // scale e^G do
-  scale_rows<D>(sv, L::ld, eEnd, 1.f);                  // e^{Gl - G} V'
-  __syncthreads();
-  tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {  // dk = dA^T q + (e^{Gl-G} V') dS'^T
-    product_tile<true, false>(acc, A16, L::ld, sq, L::ld, R, Cc, R, kRowTiles);
-    product_tile<false, true>(acc, sv, L::ld, dS16, L::ld, R, Cc, 0, D / 16);
-  });
+  // dk = dA^T q + e^{Gl-G} (V' dS'^T) and dq = scale e^G (do S^T) + dA k side by side.
+  two_tiles_into_stage<D>(
+      stage, stage2, L::ld32,
+      [&](Acc& acc, int R, int Cc) {
+        product_tile<false, true>(acc, sv, L::ld, dS16, L::ld, R, Cc, 0, D / 16);
+        scale_tile_rows(acc, eEnd, R, 1.f);
+        product_tile<true, false>(acc, A16, L::ld, sq, L::ld, R, Cc, R, kRowTiles);
+      },
+      [&](Acc& acc, int R, int Cc) {
+        product_tile<false, true>(acc, sdo, L::ld, sS, L::ld, R, Cc, 0, D / 16);
+        scale_tile_rows(acc, eG, R, p.scale);
+        product_tile<false, false>(acc, A16, L::ld, sk, L::ld, R, Cc, 0, R + 1);
+      });
   __syncthreads();
   store_rows<D>(dk + rows.head, rows.row, t0, p.T, stage, L::ld32, sk, L::ld, dots ? dot_k + rows.steps : nullptr);
-  __syncthreads();
-  tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {  // dq = (scale e^G do) S^T + dA k
-    product_tile<false, true>(acc, sdo, L::ld, sS, L::ld, R, Cc, 0, D / 16);
-    product_tile<false, false>(acc, A16, L::ld, sk, L::ld, R, Cc, 0, R + 1);
-  });
-  __syncthreads();
-  store_rows<D>(dq + rows.head, rows.row, t0, p.T, stage, L::ld32, sq, L::ld, dots ? dot_q + rows.steps : nullptr);
+  store_rows<D>(dq + rows.head, rows.row, t0, p.T, stage2, L::ld32, sq, L::ld, dots ? dot_q + rows.steps : nullptr);
 }
 
 // Checks the shapes the kernels assume; returns the launch shape.

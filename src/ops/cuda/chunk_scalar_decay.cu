@@ -15,8 +15,9 @@
 //   dk  = dA^T q + (e^{Gl - G} ⊙ v) dS'^T
 //   dv  = A^T do + (e^{Gl - G} ⊙ k) dS'
 //   dS  = e^Gl dS' + (scale e^G ⊙ q)^T do
-// The state is kept in fp32 (its master copy) and read by the products through a 16-bit copy made
-// after each update. Rows past T are zeros. The gradient of the decay is left to the caller
+// Where a row factor (e^G, e^{Gl - G}) scales the rows of a product's result, it is applied to the fp32
+// accumulator rather than to a 16-bit operand. The state is kept in fp32 (its master copy) and read by the
+// products through a 16-bit copy made after each update. Rows past T are zeros. The gradient of the decay is left to the caller
 // (ops/linear_attention_ops/fused_chunk.cpp), which has it from q·dq - k·dk.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -50,6 +51,10 @@ struct Layout {
   static constexpr size_t stage_bytes = kC * ldc32 > kC * ldo32 ? kC * ldc32 * 4 : kC * ldo32 * 4;
   static constexpr size_t gates = stage + round32(stage_bytes);  // fp32 [3, C]: G, e^G, e^{Gl - G}
   static constexpr size_t bytes = gates + 3 * kC * 4;
+  // Whether the rows e^{Gl - G} k [C, K] fit in a score buffer (K <= 64): the forward and the dq walk, which
+  // use one score buffer each, keep them in the other and update the state in the same phase as their
+  // output product.
+  static constexpr bool keys_fit = ldk <= ldc;
 };
 
 // Blocks that fit on one SM: for head size 64 the layout and at most 128 registers a thread allow two.
@@ -96,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
   using L = Layout<K, V>;
   extern __shared__ __align__(128) unsigned char smem[];
   const BlockView<K, V, E> blk(smem, p);
-  E *sq = blk.q, *sk = blk.k, *sv = blk.v, *S16 = blk.S16, *A16 = blk.A16;
+  E *sq = blk.q, *sk = blk.k, *sv = blk.v, *S16 = blk.S16, *A16 = blk.A16, *ku = blk.dA16;
   float *S = blk.S, *stage = blk.stage, *G = blk.G, *eG = blk.eG, *eEnd = blk.eEnd;
   const size_t sk_row = blk.k_row, sv_row = blk.v_row, head_k = blk.head_k, head_v = blk.head_v;
   const float* gh = g != nullptr ? g + blk.steps_at : nullptr;
@@ -117,20 +122,25 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
       nv.fetch(v + head_v, sv_row, next, p.T), ng = fetch_gates(gh, next, p.T);
     }
     __syncthreads();
-    scores_into_stage<K>(stage, L::ldc32, sq, sk, L::ldk);
+    decayed_scores16<K>(A16, L::ldc, sq, sk, L::ldk, G, p.scale);
+    if constexpr (L::keys_fit) scale_rows_to<K>(ku, sk, L::ldk, eEnd, 1.f);
     __syncthreads();
-    decay_mask(A16, L::ldc, stage, L::ldc32, G, p.scale);
-    scale_rows<K>(sq, L::ldk, eG, p.scale);
-    scale_rows<K>(sk, L::ldk, eEnd, 1.f);
-    __syncthreads();
-    // o = (scale e^G q) S + A v, into the staging area; then the state update (fp32 master only).
+    if constexpr (!L::keys_fit) scale_rows<K>(sk, L::ldk, eEnd, 1.f);  // the o product reads no k
+    // o = scale e^G (q S) + A v into the staging area (and, given the spare buffer, the state update).
     tiles_into_stage<V>(stage, L::ldo32, [&](Acc& acc, int R, int Cc) {
       product_tile<false, false>(acc, sq, L::ldk, S16, L::ldv, R, Cc, 0, K / 16);
+      scale_tile_rows(acc, eG, R, p.scale);
       product_tile<false, false>(acc, A16, L::ldc, sv, L::ldv, R, Cc, 0, R + 1);
     });
-    update_state<K, V>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
+    if constexpr (L::keys_fit) update_state<K, V>(S, L::ldv32, eG[kC - 1], ku, L::ldk, sv, L::ldv);
     __syncthreads();
-    store_rows<V>(o + head_v, sv_row, t0, p.T, stage, L::ldo32);
+    if constexpr (!L::keys_fit) {
+      update_state<K, V>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
+      store_rows<V>(o + head_v, sv_row, t0, p.T, stage, L::ldo32);
+      __syncthreads();
+    } else {
+      store_rows<V>(o + head_v, sv_row, t0, p.T, stage, L::ldo32);
+    }
     copy_state<K, V>(S16, L::ldv, S, L::ldv32);
   }
   store_state<K, V>(final_state + blk.state_at, S, L::ldv32);
@@ -158,6 +168,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
   if (blockIdx.y == 0) {
     // Forward walk: S^(n) again, dq = (scale e^G do) S^T + dA k.
     float* dots = dot_q != nullptr ? dot_q + dots_at : nullptr;
+    E* ku = A16;  // the spare score buffer (keys_fit)
     load_state<K, V>(S, L::ldv32, h0 != nullptr ? h0 + state_at : nullptr);
     __syncthreads();
     copy_state<K, V>(S16, L::ldv, S, L::ldv32);
@@ -176,22 +187,26 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
       chunk_gates(G, ng);
       if (t0 + kC < p.T) ng = fetch(t0 + kC);  // in flight while this chunk is computed
       __syncthreads();
-      scores_into_stage<V>(stage, L::ldc32, sdo, sv, L::ldv);
+      decayed_scores16<V>(dA16, L::ldc, sdo, sv, L::ldv, G, p.scale);
+      if constexpr (L::keys_fit) scale_rows_to<K>(ku, sk, L::ldk, eEnd, 1.f);
       __syncthreads();
-      decay_mask(dA16, L::ldc, stage, L::ldc32, G, p.scale);
-      scale_rows<V>(sdo, L::ldv, eG, p.scale);
-      __syncthreads();
+      // dq = scale e^G (do S^T) + dA k (and, given the spare buffer, the state update).
       tiles_into_stage<K>(stage, L::ldo32, [&](Acc& acc, int R, int Cc) {
         product_tile<false, true>(acc, sdo, L::ldv, S16, L::ldv, R, Cc, 0, V / 16);
+        scale_tile_rows(acc, eG, R, p.scale);
         product_tile<false, false>(acc, dA16, L::ldc, sk, L::ldk, R, Cc, 0, R + 1);
       });
+      if constexpr (L::keys_fit) update_state<K, V>(S, L::ldv32, eG[kC - 1], ku, L::ldk, sv, L::ldv);
       __syncthreads();
       store_rows<K>(dq + head_k, sk_row, t0, p.T, stage, L::ldo32, sq, L::ldk, dots);
-      scale_rows<K>(sk, L::ldk, eEnd, 1.f);
-      __syncthreads();
-      update_state<K, V>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
-      __syncthreads();
-      copy_state<K, V>(S16, L::ldv, S, L::ldv32);
+      if constexpr (!L::keys_fit) {
+        scale_rows<K>(sk, L::ldk, eEnd, 1.f);
+        __syncthreads();
+        update_state<K, V>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
+        __syncthreads();
+      }
+      copy_state<K, V>(S16, L::ldv, S, L::ldv32);  // S16 is read only after the next barrier
+      __syncthreads();                             // the next chunk's rows replace q, k, v, do
     }
     return;
   }
@@ -215,34 +230,30 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
     chunk_gates(G, ng);
     if (n > 0) ng = fetch(t0 - kC);  // in flight while this chunk is computed
     __syncthreads();
-    // Raw q k^T, masked into A16, then raw do v^T through the same staging area, masked into dA16 (one
-    // staging area, not two side by side, keeps the layout small enough for two blocks an SM).
-    scores_into_stage<K>(stage, L::ldc32, sq, sk, L::ldk);
+    decayed_scores16<K>(A16, L::ldc, sq, sk, L::ldk, G, p.scale);
+    decayed_scores16<V>(dA16, L::ldc, sdo, sv, L::ldv, G, p.scale, 2);  // its extra tiles to other warps
     __syncthreads();
-    decay_mask(A16, L::ldc, stage, L::ldc32, G, p.scale);
-    __syncthreads();
-    scores_into_stage<V>(stage, L::ldc32, sdo, sv, L::ldv);
-    __syncthreads();
-    decay_mask(dA16, L::ldc, stage, L::ldc32, G, p.scale);
-    scale_rows<V>(sv, L::ldv, eEnd, 1.f);
-    __syncthreads();
-    // dk = dA^T q + (e^{Gl-G} v) dS'^T  (k itself is still unscaled for k·dk)
-    tiles_into_stage<K>(stage, L::ldo32, [&](Acc& acc, int R, int Cc) {
-      product_tile<true, false>(acc, dA16, L::ldc, sq, L::ldk, R, Cc, R, kRowTiles);
-      product_tile<false, true>(acc, sv, L::ldv, S16, L::ldv, R, Cc, 0, V / 16);
-    });
+    // dk = dA^T q + e^{Gl-G} (v dS'^T) into the staging area (k itself stays unscaled for k·dk), and
+    // dv = A^T do + e^{Gl-G} (k dS') straight to global memory, their tiles spread over the warps together.
+    for (int t = threadIdx.x / 32; t < kRowTiles * (K / 16 + V / 16); t += kWarps) {
+      Acc acc;
+      zero(acc);
+      if (t < kRowTiles * (K / 16)) {
+        const int R = t / (K / 16), Cc = t % (K / 16);
+        product_tile<false, true>(acc, sv, L::ldv, S16, L::ldv, R, Cc, 0, V / 16);
+        scale_tile_rows(acc, eEnd, R, 1.f);
+        product_tile<true, false>(acc, dA16, L::ldc, sq, L::ldk, R, Cc, R, kRowTiles);
+        store_tile(stage + R * 16 * L::ldo32 + Cc * 16, acc, L::ldo32);
+      } else {
+        const int u = t - kRowTiles * (K / 16), R = u / (V / 16), Cc = u % (V / 16);
+        product_tile<false, false>(acc, sk, L::ldk, S16, L::ldv, R, Cc, 0, K / 16);
+        scale_tile_rows(acc, eEnd, R, 1.f);
+        product_tile<true, false>(acc, A16, L::ldc, sdo, L::ldv, R, Cc, R, kRowTiles);
+        store_tile16_rows(dv + head_v + 16 * Cc, sv_row, t0 + 16 * R, p.T, acc);
+      }
+    }
     __syncthreads();
     store_rows<K>(dk + head_k, sk_row, t0, p.T, stage, L::ldo32, sk, L::ldk, dots);
-    __syncthreads();
-    scale_rows<K>(sk, L::ldk, eEnd, 1.f);
-    __syncthreads();
-    // dv = A^T do + (e^{Gl-G} k) dS'
-    tiles_into_stage<V>(stage, L::ldo32, [&](Acc& acc, int R, int Cc) {
-      product_tile<true, false>(acc, A16, L::ldc, sdo, L::ldv, R, Cc, R, kRowTiles);
-      product_tile<false, false>(acc, sk, L::ldk, S16, L::ldv, R, Cc, 0, K / 16);
-    });
-    __syncthreads();
-    store_rows<V>(dv + head_v, sv_row, t0, p.T, stage, L::ldo32);
     scale_rows<K>(sq, L::ldk, eG, p.scale);
     __syncthreads();
     // dS = e^Gl dS' + (scale e^G q)^T do

@@ -6,13 +6,15 @@
 //     unpack8, pack8, load8);
 //   - a 16x16 fp32 accumulator tile in mma.sync's register layout (Acc, zero, store_tile, load_tile) and
 //     16-bit operand tiles loaded with ldmatrix (product_tile);
-//   - tile products (product_tile, scores_into_stage, lower_tiles_into_stage, tiles_into_stage,
-//     two_tiles_into_stage, accumulate_state, update_state) over
-//     row-major tiles, and x - y row by row (subtract_rows);
+//   - tile products (product_tile, scores_into_stage, lower_tiles_into_stage, each_tile, square_tiles,
+//     tiles_into_stage, two_tiles_into_stage, accumulate_state, update_state) over row-major tiles, and
+//     x - y row by row (subtract_rows) or tile by tile (subtract_tile16);
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
-//     optional fp32 row sums (store_rows); a causal [C, C] result stored as 16-bit (store_lower16);
+//     optional fp32 row sums (store_rows) or a tile at a time from its accumulator (store_tile16_rows); a
+//     causal [C, C] result stored as 16-bit (store_lower16);
 //   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
-//     from them (scale_rows, decayed_row8, decay_mask);
+//     from them, on 16-bit rows (scale_rows, scale_rows_to) or on accumulators (scale_tile_rows,
+//     decay_tile, decayed_scores16);
 //   - fp32 state in and out of shared memory (load_state, store_state, copy_state, store_state16), or
 //     held in registers across a walk (RegisterState);
 //   - views of the dynamic shared memory by byte offset (view).
@@ -142,6 +144,50 @@ __device__ __forceinline__ void load_tile(Acc& a, const float* p, int ld) {
     const float* r = p + g * ld + 8 * h + 2 * t;
     const float2 top = *reinterpret_cast<const float2*>(r), bottom = *reinterpret_cast<const float2*>(r + 8 * ld);
     a.x[4 * h] = top.x, a.x[4 * h + 1] = top.y, a.x[4 * h + 2] = bottom.x, a.x[4 * h + 3] = bottom.y;
+  }
+}
+
+// The tile as 16-bit values into row-major memory [16, ld] (ld even).
+template <typename E>
+__device__ __forceinline__ void store_tile16(E* p, const Acc& a, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    E* r = p + g * ld + 8 * h + 2 * t;
+    *reinterpret_cast<uint32_t*>(r) = Elem<E>::pack(a.x[4 * h], a.x[4 * h + 1]);
+    *reinterpret_cast<uint32_t*>(r + 8 * ld) = Elem<E>::pack(a.x[4 * h + 2], a.x[4 * h + 3]);
+  }
+}
+
+// The tile as 16-bit values into rows row0 .. row0 + 15 of out (row stride `stride`, global memory); rows at
+// or past T are dropped.
+template <typename E>
+__device__ __forceinline__ void store_tile16_rows(E* __restrict__ out, size_t stride, int row0, int T, const Acc& a) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + g + 8 * r;
+    if (row >= T) continue;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<uint32_t*>(out + row * stride + 8 * h + 2 * t) =
+          Elem<E>::pack(a.x[4 * h + 2 * r], a.x[4 * h + 2 * r + 1]);
+  }
+}
+
+// x = x - a in place over one tile of 16-bit row-major memory [16, ld] (ld even), rounded once: subtract_rows
+// on one tile, straight from the accumulator.
+template <typename E>
+__device__ __forceinline__ void subtract_tile16(E* p, const Acc& a, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      auto* w = reinterpret_cast<uint32_t*>(p + (g + 8 * r) * ld + 8 * h + 2 * t);
+      const float2 x = Elem<E>::unpack(*w);
+      *w = Elem<E>::pack(x.x - a.x[4 * h + 2 * r], x.y - a.x[4 * h + 2 * r + 1]);
+    }
   }
 }
 
@@ -290,45 +336,96 @@ __device__ void chunk_gates(float* gates, float2 ab) {
   eEnd[2 * lane] = expf(last - g0), eEnd[2 * lane + 1] = expf(last - g1);
 }
 
-// Columns j0 .. j0+7 of row i of raw [C, ld32], each times scale * exp(G_i - G_j) where j <= i (j < i when
-// Strict), zeros elsewhere. raw is read only when one of the eight is kept: what lies above the diagonal
-// may never have been written.
+// The causal decay mask on an accumulator: the tile at row tile R, column tile Cc of a [C, C] result times
+// scale * exp(G_i - G_j) where j <= i (j < i when Strict), zeros elsewhere (every exponent <= 0); with `rows`
+// given, row i's scale is scale * rows[i].
 template <bool Strict>
-__device__ __forceinline__ void decayed_row8(float (&f)[8], const float* raw, int ld32, const float* G, int i, int j0,
-                                             float scale) {
-  auto kept = [&](int j) { return Strict ? j < i : j <= i; };
+__device__ __forceinline__ void decay_tile(Acc& a, const float* G, int R, int Cc, float scale,
+                                           const float* rows = nullptr) {
+  const int lane = threadIdx.x % 32, i0 = 16 * R + lane / 4, j0 = 16 * Cc + 2 * (lane % 4);
+  const float Gi[2] = {G[i0], G[i0 + 8]};
+  const float si[2] = {rows != nullptr ? scale * rows[i0] : scale, rows != nullptr ? scale * rows[i0 + 8] : scale};
 #pragma unroll
-  for (int j = 0; j < 8; ++j) f[j] = 0.f;
-  if (kept(j0)) load8(raw + i * ld32 + j0, f);
-  const float Gi = G[i];
+  for (int h = 0; h < 2; ++h) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) f[j] = kept(j0 + j) ? f[j] * scale * __expf(Gi - G[j0 + j]) : 0.f;
-}
-
-// dst[i, j] = raw[i, j] * scale * exp(G_i - G_j) for j <= i, 0 above (raw is used on and below only).
-template <typename E>
-__device__ void decay_mask(E* dst, int ld, const float* raw, int ld32, const float* G, float scale) {
-  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {
-    const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
-    float f[8];
-    decayed_row8<false>(f, raw, ld32, G, i, j0, scale);
-    *reinterpret_cast<uint4*>(dst + i * ld + j0) = pack8<E>(f);
+    for (int c = 0; c < 2; ++c) {
+      const int j = j0 + 8 * h + c;
+      const float Gj = G[j];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = i0 + 8 * r;
+        float& x = a.x[4 * h + 2 * r + c];
+        x = (Strict ? j < i : j <= i) ? x * si[r] * __expf(Gi[r] - Gj) : 0.f;
+      }
+    }
   }
 }
 
-// x[r, :] *= factor * f[r] in place (f: a row factor of chunk_gates).
+// The rows of the tile at row tile R times factor * f[i] (f: a row factor of chunk_gates), in registers.
+__device__ __forceinline__ void scale_tile_rows(Acc& a, const float* f, int R, float factor) {
+  const int i0 = 16 * R + (threadIdx.x % 32) / 4;
+  const float top = factor * f[i0], bottom = factor * f[i0 + 8];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) a.x[4 * h] *= top, a.x[4 * h + 1] *= top, a.x[4 * h + 2] *= bottom, a.x[4 * h + 3] *= bottom;
+}
+
+// The 16x16 tiles of a [C, C] result, on and below the diagonal first (lower_tile's order), then those above it
+// ((b, a + 1) for lower tile (a, b)), as warp w takes them: w, w + kWarps, ... after rotating the warps by
+// `shift`, so that two calls in one phase give their extra tiles to different warps.
+template <typename Lower, typename Upper>
+__device__ __forceinline__ void square_tiles(int shift, Lower lower, Upper upper) {
+  for (int t = (threadIdx.x / 32 + shift) % kWarps; t < kRowTiles * kRowTiles; t += kWarps) {
+    int R, Cc;
+    if (t < kLowerTiles) {
+      lower_tile(t, R, Cc);
+      lower(R, Cc);
+    } else {
+      lower_tile(t - kLowerTiles, Cc, R);
+      upper(R, Cc + 1);
+    }
+  }
+}
+
+// The causal decayed scores scale (X Y^T) ⊙ exp(G_i - G_j), j <= i, of X, Y [C, D] (row-major [., ld]) into 16-bit
+// dst [C, ldc] with zeros above the diagonal, straight from the accumulators (no fp32 staging area, no barrier
+// between the product and the mask). `shift` as in square_tiles.
 template <int D, typename E>
-__device__ void scale_rows(E* x, int ld, const float* f, float factor) {
+__device__ void decayed_scores16(E* dst, int ldc, const E* X, const E* Y, int ld, const float* G, float scale,
+                                 int shift = 0) {
+  square_tiles(
+      shift,
+      [&](int R, int Cc) {
+        Acc acc;
+        zero(acc);
+        product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
+        decay_tile<false>(acc, G, R, Cc, scale);
+        store_tile16(dst + R * 16 * ldc + Cc * 16, acc, ldc);
+      },
+      [&](int R, int Cc) {
+        Acc acc;
+        zero(acc);
+        store_tile16(dst + R * 16 * ldc + Cc * 16, acc, ldc);
+      });
+}
+
+// dst[r, :] = x[r, :] * factor * f[r] (f: a row factor of chunk_gates), both [C, ld]; dst may be x.
+template <int D, typename E>
+__device__ void scale_rows_to(E* dst, const E* x, int ld, const float* f, float factor) {
   for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-    uint4* p = reinterpret_cast<uint4*>(x + r * ld + c);
     float v[8];
-    unpack8<E>(*p, v);
+    unpack8<E>(*reinterpret_cast<const uint4*>(x + r * ld + c), v);
     const float m = factor * f[r];
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] *= m;
-    *p = pack8<E>(v);
+    *reinterpret_cast<uint4*>(dst + r * ld + c) = pack8<E>(v);
   }
+}
+
+// x[r, :] *= factor * f[r] in place.
+template <int D, typename E>
+__device__ void scale_rows(E* x, int ld, const float* f, float factor) {
+  scale_rows_to<D>(x, x, ld, f, factor);
 }
 
 // Every 16x16 tile on or below the diagonal of a [C, C] fp32 result (row stride ld32), spread over the
@@ -368,17 +465,22 @@ __device__ void store_lower16(E* __restrict__ out, const float* stage, int ld32,
   }
 }
 
+// body(R, Cc) for every 16x16 tile of a [C, D] result, spread over the warps.
+template <int D, typename Body>
+__device__ __forceinline__ void each_tile(Body body) {
+  for (int t = threadIdx.x / 32; t < kRowTiles * (D / 16); t += kWarps) body(t / (D / 16), t % (D / 16));
+}
+
 // Every 16x16 tile of a [C, D] fp32 result in the staging area (row stride ld32), spread over the
 // warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed Acc.
 template <int D, typename Body>
 __device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body body) {
-  for (int t = threadIdx.x / 32; t < kRowTiles * (D / 16); t += kWarps) {
-    const int R = t / (D / 16), Cc = t % (D / 16);
+  each_tile<D>([&](int R, int Cc) {
     Acc acc;
     zero(acc);
     body(acc, R, Cc);
     store_tile(stage + R * 16 * ld32 + Cc * 16, acc, ld32);
-  }
+  });
 }
 
 // Two [C, D] fp32 results side by side, stage0 and stage1 (row stride ld32), their tiles spread over the
@@ -395,18 +497,6 @@ __device__ __forceinline__ void two_tiles_into_stage(float* stage0, float* stage
     if (!is_second) first(acc, R, Cc);
     else second(acc, R, Cc);
     store_tile((is_second ? stage1 : stage0) + R * 16 * ld32 + Cc * 16, acc, ld32);
-  }
-}
-
-// The tile as 16-bit values into row-major memory [16, ld] (ld even).
-template <typename E>
-__device__ __forceinline__ void store_tile16(E* p, const Acc& a, int ld) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    E* r = p + g * ld + 8 * h + 2 * t;
-    *reinterpret_cast<uint32_t*>(r) = Elem<E>::pack(a.x[4 * h], a.x[4 * h + 1]);
-    *reinterpret_cast<uint32_t*>(r + 8 * ld) = Elem<E>::pack(a.x[4 * h + 2], a.x[4 * h + 3]);
   }
 }
 

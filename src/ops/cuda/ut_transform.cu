@@ -1,7 +1,8 @@
 // The delta rule's UT transform per chunk of 64 (no decay or a scalar decay per step), forward and
 // backward, one thread block per (chunk, batch*head), head size 64:
 //   Kb = diag(beta) k,  Kg = diag(beta e^G) k,  Vb = diag(beta) v              (16-bit, as the products read them)
-//   L[i,j] = (Kb_i · k_j) exp(G_i - G_j) for j < i, 0 on and above the diagonal  (fp32)
+//   L[i,j] = beta_i (k_i · k_j) exp(G_i - G_j) for j < i, 0 on and above the diagonal
+//                                     (fp32, from the accumulators of k k^T; the forward needs no Kb)
 //   T = (I + L)^{-1}                  (fp32, by 16x16 blocks)
 //   W = T Kg,  U = T Vb               (tensor cores, T read through a 16-bit copy)
 // Backward, given dW and dU:
@@ -36,25 +37,25 @@ struct Sizes : Pads64 {
   static constexpr int ldc = ld;  // 16-bit [C, C] scores
 };
 
-// Forward: k, v, Kb then T16, Kg, Vb (16-bit), L and T (fp32), gates and beta; W is staged where L was
-// and U where k and v were. About 71 KiB: three blocks per SM.
+// Forward: k, v, Kg, Vb (16-bit), L then T16, T (fp32), gates and beta. About 71 KiB: three blocks per SM.
 struct ForwardSmem : Sizes {
-  static constexpr size_t k = 0, v = k + rows16, kb = v + rows16, T16 = kb, kg = kb + rows16, vb = kg + rows16;
-  static constexpr size_t L = vb + rows16, T = L + mat32, gate = T + mat32;
+  static constexpr size_t k = 0, v = k + rows16, kg = v + rows16, vb = kg + rows16;
+  static constexpr size_t L = vb + rows16, T16 = L, T = L + mat32, gate = T + mat32;
   static constexpr size_t beta = gate + 3 * vec, bytes = beta + vec;
-  static constexpr size_t stage0 = L, stage1 = k;
-  static_assert(2 * rows16 >= mat32, "U's staging fits where k and v were");
+  static_assert(3 * (bytes + 1024) <= 228 * 1024, "three blocks per SM");
 };
 
 // Backward: k, v then R16, Kb, Kg and Vb then the fp32 staging Bm (X first), dW, dU, T16 (16-bit), T and A
-// (fp32: dT, then dL, then dL ⊙ L, then staging), gates, beta and the per-row sums. About 107.5 KiB: two
-// blocks per SM. v is read again from global memory at the end.
+// (fp32: dT, then staging; given the scores dL in between), gates, beta, the per-row sums and the per-tile
+// parts of dG. About 100 KiB: two blocks per SM. v is read again from global memory at the end.
 struct BackwardSmem : Sizes {
   static constexpr size_t k = 0, v = k + rows16, R16 = v, kb = v + rows16, kg = kb + rows16, vb = kg + rows16;
   static constexpr size_t b = kg, dw = vb + rows16, du = dw + rows16, T16 = du + rows16, T = T16 + rows16;
   static constexpr size_t a = T + mat32, gate = a + mat32, beta = gate + 3 * vec, dbeta = beta + vec;
-  static constexpr size_t dG = dbeta + vec, bytes = dG + vec;
+  static constexpr size_t dG = dbeta + vec, row_parts = dG + vec, col_parts = row_parts + kRowTiles * vec;
+  static constexpr size_t bytes = col_parts + kRowTiles * vec;
   static_assert(2 * rows16 >= mat32, "Bm fits where Kg and Vb were");
+  static_assert(2 * (bytes + 1024) <= 228 * 1024, "two blocks per SM");
 };
 
 struct UtShape {
@@ -88,7 +89,7 @@ __device__ void load_beta_and_gates(float* beta, float* G, const float* __restri
   chunk_gates(G, fetch_gates(g != nullptr ? g + at.steps : nullptr, at.t0, T));
 }
 
-// Kb = beta k, Kg = beta e^G k, Vb = beta v (16-bit [C, ld]).
+// Kb = beta k (unless Kb is null), Kg = beta e^G k, Vb = beta v (16-bit [C, ld]).
 template <typename E>
 __device__ void scaled_rows(E* Kb, E* Kg, E* Vb, const E* k, const E* v, const float* beta, const float* eG, int ld) {
   for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
@@ -98,7 +99,7 @@ __device__ void scaled_rows(E* Kb, E* Kg, E* Vb, const E* k, const E* v, const f
     unpack8<E>(*reinterpret_cast<const uint4*>(v + r * ld + c), vr);
 #pragma unroll
     for (int j = 0; j < 8; ++j) a[j] = kr[j] * beta[r], b[j] = a[j] * eG[r], d[j] = vr[j] * beta[r];
-    *reinterpret_cast<uint4*>(Kb + r * ld + c) = pack8<E>(a);
+    if (Kb != nullptr) *reinterpret_cast<uint4*>(Kb + r * ld + c) = pack8<E>(a);
     *reinterpret_cast<uint4*>(Kg + r * ld + c) = pack8<E>(b);
     *reinterpret_cast<uint4*>(Vb + r * ld + c) = pack8<E>(d);
   }
@@ -118,18 +119,14 @@ __device__ void given_scores(float* L, const E* __restrict__ A, const float* bet
   }
 }
 
-// L = strictly lower part of (Kb k^T) ⊙ exp(G_i - G_j), fp32 [C, ld32], from the raw scores in place.
+// L = strictly lower part of diag(beta) (k k^T) ⊙ exp(G_i - G_j), fp32 [C, ld32], tiles on and below the
+// diagonal only (nothing reads above).
 template <typename E>
-__device__ void decayed_scores(float* L, const E* Kb, const E* k, const float* G) {
-  scores_into_stage<kD>(L, Sizes::ld32, Kb, k, Sizes::ld);
-  __syncthreads();
-#pragma unroll
-  for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // eight columns an item
-    const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
-    float x[8];
-    decayed_row8<true>(x, L, Sizes::ld32, G, i, j0, 1.f);  // tiles above the diagonal were never written
-    store8(L + i * Sizes::ld32 + j0, x);
-  }
+__device__ void decayed_scores(float* L, const E* k, const float* beta, const float* G) {
+  lower_tiles_into_stage(L, Sizes::ld32, [&](Acc& acc, int R, int Cc) {
+    product_tile<false, true>(acc, k, Sizes::ld, k, Sizes::ld, R, Cc, 0, kD / 16);
+    decay_tile<true>(acc, G, R, Cc, 1.f, beta);
+  });
 }
 
 // d += a b for one 16x8 half of an Acc on TF32 operands (mma.sync.m16n8k8: a 16x8 row-major, b 8x8
@@ -247,10 +244,10 @@ __global__ void __launch_bounds__(kThreads, 3)
                       float* __restrict__ inverse, UtShape p) {
   using S = ForwardSmem;
   extern __shared__ __align__(128) unsigned char smem[];
-  E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kb = view<E>(smem, S::kb), *Kg = view<E>(smem, S::kg);
+  E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kg = view<E>(smem, S::kg);
   E *Vb = view<E>(smem, S::vb), *T16 = view<E>(smem, S::T16);
-  float *L = view<float>(smem, S::L), *T = view<float>(smem, S::T), *stage0 = view<float>(smem, S::stage0);
-  float *stage1 = view<float>(smem, S::stage1), *G = view<float>(smem, S::gate), *sb = view<float>(smem, S::beta);
+  float *L = view<float>(smem, S::L), *T = view<float>(smem, S::T), *G = view<float>(smem, S::gate);
+  float* sb = view<float>(smem, S::beta);
   const ChunkAt at(p);
   const int Tp = p.N * kC;
   {
@@ -262,25 +259,24 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   load_beta_and_gates(sb, G, beta, Given ? nullptr : g, at, p.T);
   __syncthreads();
-  scaled_rows(Kb, Kg, Vb, sk, sv, sb, G + kC, S::ld);
+  scaled_rows<E>(nullptr, Kg, Vb, sk, sv, sb, G + kC, S::ld);
   if constexpr (Given) given_scores(L, scores + at.inverse, sb);
+  else decayed_scores(L, sk, sb, G);
   __syncthreads();
-  if constexpr (!Given) {
-    decayed_scores(L, Kb, sk, G);
-    __syncthreads();
-  }
   unit_lower_inverse_blocks(T, L);  // ends on a barrier
   copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T
   store_state<kC, kC>(inverse + at.inverse, T, S::ld32);
   __syncthreads();
-  // W = T Kg into stage0, U = T Vb into stage1 (T lower: tiles s <= R only).
-  two_tiles_into_stage<kD>(
-      stage0, stage1, S::ld32,
-      [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, T16, S::ld, Kg, S::ld, R, Cc, 0, R + 1); },
-      [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, T16, S::ld, Vb, S::ld, R, Cc, 0, R + 1); });
-  __syncthreads();
-  store_rows<kD>(w + at.chunked, kD, at.t0, Tp, stage0, S::ld32);
-  store_rows<kD>(u + at.chunked, kD, at.t0, Tp, stage1, S::ld32);
+  // W = T Kg and U = T Vb (T lower: tiles s <= R only), each tile from its accumulator straight to global
+  // memory (every row of the chunked layout is stored, zeros past T).
+  for (int t = threadIdx.x / 32; t < 2 * kRowTiles * (kD / 16); t += kWarps) {
+    const bool second = t >= kRowTiles * (kD / 16);
+    const int R = (t / (kD / 16)) % kRowTiles, Cc = t % (kD / 16);
+    Acc acc;
+    zero(acc);
+    product_tile<false, false>(acc, T16, S::ld, second ? Vb : Kg, S::ld, R, Cc, 0, R + 1);
+    store_tile16((second ? u : w) + at.chunked + static_cast<size_t>(at.t0 + 16 * R) * kD + 16 * Cc, acc, kD);
+  }
 }
 
 // Sum of `part` over the D / 8 consecutive threads that hold one row (store_rows' layout).
@@ -288,6 +284,33 @@ __device__ __forceinline__ float row_sum(float part) {
 #pragma unroll
   for (int off = kD / 16; off > 0; off >>= 1) part += __shfl_xor_sync(0xffffffffu, part, off);
   return part;
+}
+
+// Row and column sums of x ⊙ y over one tile (row tile R, column tile Cc) of a [C, C] result:
+// rows[Cc * C + i] for the tile's rows i and cols[R * C + j] for its columns j.
+__device__ __forceinline__ void tile_sums(const Acc& x, const Acc& y, int R, int Cc, float* rows, float* cols) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float m[Acc::num_elements];
+#pragma unroll
+  for (int e = 0; e < Acc::num_elements; ++e) m[e] = x.x[e] * y.x[e];
+  // Acc's layout: rows g (elements 0, 1, 4, 5) and g + 8 (2, 3, 6, 7); columns 2t, 2t + 1, 8 + 2t, 9 + 2t.
+  float top = (m[0] + m[1]) + (m[4] + m[5]), bottom = (m[2] + m[3]) + (m[6] + m[7]);
+  float c[4] = {m[0] + m[2], m[1] + m[3], m[4] + m[6], m[5] + m[7]};
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    top += __shfl_xor_sync(0xffffffffu, top, off);
+    bottom += __shfl_xor_sync(0xffffffffu, bottom, off);
+  }
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] += __shfl_xor_sync(0xffffffffu, c[i], off);
+  }
+  if (t == 0) rows[Cc * kC + 16 * R + g] = top, rows[Cc * kC + 16 * R + g + 8] = bottom;
+  if (g == 0) {
+    float* at = cols + R * kC + 16 * Cc + 2 * t;
+    at[0] = c[0], at[1] = c[1], at[8] = c[2], at[9] = c[3];
+  }
 }
 
 // Given: as in the forward, and d_scores receives dA; otherwise scores and d_scores are unused.
@@ -305,6 +328,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float *T = view<float>(smem, S::T), *A = view<float>(smem, S::a);
   float *Bm = view<float>(smem, S::b), *G = view<float>(smem, S::gate), *eG = G + kC, *sb = view<float>(smem, S::beta);
   float *sdbeta = view<float>(smem, S::dbeta), *sdG = view<float>(smem, S::dG);
+  float *row_parts = view<float>(smem, S::row_parts), *col_parts = view<float>(smem, S::col_parts);
   const ChunkAt at(p);
   const int Tp = p.N * kC;
   {
@@ -331,21 +355,21 @@ __global__ void __launch_bounds__(kThreads, 2)
     product_tile<false, true>(acc, sdu, S::ld, Vb, S::ld, R, Cc, 0, kD / 16);
   });
   __syncthreads();
-  // X = dT T^T into Bm (Kg and Vb are no longer needed), then dL = -T^T X into A (nor is dT), lower tiles
-  // only. Below the diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j]
+  // X = dT T^T into Bm (Kg and Vb are no longer needed), then dL = -T^T X (given the scores into A: dT is no
+  // longer needed either), lower tiles only. Below the diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j]
   // read strictly lower dT and X only (T is zero above its diagonal); what the diagonal tiles hold above it
   // is never used.
   lower_tiles_into_stage(Bm, S::ld32, [&](Acc& acc, int R, int Cc) {
     product_tile_3xtf32<false, true>(acc, A, T, S::ld32, R, Cc, 0, 2 * (Cc + 1));
   });
   __syncthreads();
-  lower_tiles_into_stage(A, S::ld32, [&](Acc& acc, int R, int Cc) {
-    product_tile_3xtf32<true, false>(acc, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
-#pragma unroll
-    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
-  });
-  __syncthreads();
   if constexpr (Given) {
+    lower_tiles_into_stage(A, S::ld32, [&](Acc& acc, int R, int Cc) {
+      product_tile_3xtf32<true, false>(acc, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
+#pragma unroll
+      for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
+    });
+    __syncthreads();
     // dA = diag(beta) dL, zeros on and above the diagonal (16-bit, global); dbeta = rowsum(dL ⊙ A) so far
     // (four threads a row); then dKg = T^T dW into Bm.
     {
@@ -374,52 +398,31 @@ __global__ void __launch_bounds__(kThreads, 2)
     });
     __syncthreads();
   } else {
-    // R = dL ⊙ exp(G_i - G_j) in fp32 into A in place and in 16-bit where v was (v is read again at the end);
-    // zeros on and above the diagonal.
-#pragma unroll
-    for (int e = threadIdx.x; e < kC * kC / 8; e += kThreads) {  // eight columns an item
-      const int i = e / (kC / 8), j0 = (e % (kC / 8)) * 8;
-      float r[8];
-      decayed_row8<true>(r, A, S::ld32, G, i, j0, 1.f);
-      *reinterpret_cast<uint4*>(R16 + i * S::ldc + j0) = pack8<E>(r);
-      store8(A + i * S::ld32 + j0, r);
-    }
-    __syncthreads();
-    // dL ⊙ L = R ⊙ (Kb k^T) into A, tile by tile: the scores' fragment and A's, loaded as the same
-    // accumulator type, hold the same elements.
+    // dL = -T^T X tile by tile, then in registers R = dL ⊙ exp(G_i - G_j) (strictly lower; dL's sign folded into
+    // the scale), kept in 16-bit where v was (v is read again at the end), and dL ⊙ L = R ⊙ beta_i (k k^T),
+    // summed over each tile's rows and columns into parts. Tiles above the diagonal are neither written nor read.
     for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
       int R, Cc;
       lower_tile(t, R, Cc);
-      Acc scores, r;
-      zero(scores);
-      product_tile<false, true>(scores, Kb, S::ld, sk, S::ld, R, Cc, 0, kD / 16);
-      float* at_tile = A + R * 16 * S::ld32 + Cc * 16;
-      load_tile(r, at_tile, S::ld32);
-#pragma unroll
-      for (int i = 0; i < r.num_elements; ++i) r.x[i] *= scores.x[i];
-      store_tile(at_tile, r, S::ld32);
+      Acc r, kk;
+      zero(r), zero(kk);
+      product_tile_3xtf32<true, false>(r, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
+      decay_tile<true>(r, G, R, Cc, -1.f);
+      store_tile16(R16 + R * 16 * S::ldc + Cc * 16, r, S::ldc);
+      product_tile<false, true>(kk, sk, S::ld, sk, S::ld, R, Cc, 0, kD / 16);
+      scale_tile_rows(kk, sb, R, 1.f);
+      tile_sums(r, kk, R, Cc, row_parts, col_parts);
     }
     __syncthreads();
-    // dG from dL ⊙ L: its row sums minus its column sums, four threads an index r (each a quarter of row r
-    // and of column r, the column's rows interleaved so that the four quarters fall in different banks).
-    {
-      static_assert(kThreads == 4 * kC, "four threads an index");
-      const int r = threadIdx.x / 4, q = threadIdx.x % 4;
-      float row = 0.f, col = 0.f;
-#pragma unroll
-      for (int c = 0; c < kC / 4; c += 4) {
-        const float4 x = *reinterpret_cast<const float4*>(A + r * S::ld32 + q * (kC / 4) + c);
-        row += (x.x + x.y) + (x.z + x.w);
-      }
-#pragma unroll
-      for (int i = 0; i < kC / 4; ++i) col += A[(4 * i + q) * S::ld32 + r];
-      float d = row - col;
-      d += __shfl_xor_sync(0xffffffffu, d, 1);
-      d += __shfl_xor_sync(0xffffffffu, d, 2);
-      if (q == 0) sdG[r] = d;
-    }
-    __syncthreads();  // A is overwritten next
+    // dG = row sums - column sums of dL ⊙ L, added up in a fixed order (tiles on and below the diagonal only);
     // dKb = R k into A, dKg = T^T dW into Bm.
+    if (threadIdx.x < kC) {
+      const int r = threadIdx.x, tr = r / 16;
+      float row = 0.f, col = 0.f;
+      for (int c = 0; c <= tr; ++c) row += row_parts[c * kC + r];
+      for (int c = tr; c < kRowTiles; ++c) col += col_parts[c * kC + r];
+      sdG[r] = row - col;
+    }
     two_tiles_into_stage<kD>(
         A, Bm, S::ld32,
         [&](Acc& acc, int R, int Cc) { product_tile<false, false>(acc, R16, S::ldc, sk, S::ld, R, Cc, 0, R + 1); },
