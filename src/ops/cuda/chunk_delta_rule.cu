@@ -9,7 +9,8 @@
 //   o   = (scale e^G ⊙ q) S + A V'
 //   S'  = e^Gl S + (e^{Gl - G} ⊙ k)^T V'
 // (where a row factor e^G or e^{Gl - G} scales the rows of a product, the kernels apply it to the fp32
-// accumulator, not to the 16-bit operand). Only V' and S' depend on the state before, so each direction is split in two kernels:
+// accumulator, not to the 16-bit operand). Only V' and S' depend on the state before, so each direction is
+// split in two kernels:
 //   - a walk, one thread block per (batch, head) stepping through the chunks, that carries the state and
 //     does only the products on that sequential path: W S and the update going forward (it stores S for
 //     every chunk and V'), and going back

@@ -17,8 +17,8 @@
 //   dS  = e^Gl dS' + (scale e^G ⊙ q)^T do
 // Where a row factor (e^G, e^{Gl - G}) scales the rows of a product's result, it is applied to the fp32
 // accumulator rather than to a 16-bit operand. The state is kept in fp32 (its master copy) and read by the
-// products through a 16-bit copy made after each update. Rows past T are zeros. The gradient of the decay is left to the caller
-// (ops/linear_attention_ops/fused_chunk.cpp), which has it from q·dq - k·dk.
+// products through a 16-bit copy made after each update. Rows past T are zeros. The gradient of the decay
+// is left to the caller (ops/linear_attention_ops/fused_chunk.cpp), which has it from q·dq - k·dk.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 

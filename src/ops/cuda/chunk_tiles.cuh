@@ -6,9 +6,9 @@
 //     unpack8, pack8, load8);
 //   - a 16x16 fp32 accumulator tile in mma.sync's register layout (Acc, zero, store_tile, load_tile) and
 //     16-bit operand tiles loaded with ldmatrix (product_tile);
-//   - tile products (product_tile, scores_into_stage, lower_tiles_into_stage, each_tile, square_tiles,
-//     tiles_into_stage, two_tiles_into_stage, accumulate_state, update_state) over row-major tiles, and
-//     x - y row by row (subtract_rows) or tile by tile (subtract_tile16);
+//   - tile products (product_tile, lower_tiles_into_stage, each_tile, square_tiles, tiles_into_stage,
+//     two_tiles_into_stage, accumulate_state, update_state) over row-major tiles, and x - y tile by tile
+//     (subtract_tile16);
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
 //     optional fp32 row sums (store_rows) or a tile at a time from its accumulator (store_tile16_rows); a
 //     causal [C, C] result stored as 16-bit (store_lower16);
@@ -366,7 +366,10 @@ __device__ __forceinline__ void scale_tile_rows(Acc& a, const float* f, int R, f
   const int i0 = 16 * R + (threadIdx.x % 32) / 4;
   const float top = factor * f[i0], bottom = factor * f[i0 + 8];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) a.x[4 * h] *= top, a.x[4 * h + 1] *= top, a.x[4 * h + 2] *= bottom, a.x[4 * h + 3] *= bottom;
+  for (int h = 0; h < 2; ++h) {
+    a.x[4 * h] *= top, a.x[4 * h + 1] *= top;
+    a.x[4 * h + 2] *= bottom, a.x[4 * h + 3] *= bottom;
+  }
 }
 
 // The 16x16 tiles of a [C, C] result, on and below the diagonal first (lower_tile's order), then those above it
@@ -443,24 +446,16 @@ __device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, B
   }
 }
 
-// The raw scores X Y^T ([C, D] each, row-major [., ld]) on and below the diagonal into raw [C, ld32].
-template <int D, typename E>
-__device__ void scores_into_stage(float* raw, int ld32, const E* X, const E* Y, int ld) {
-  lower_tiles_into_stage(raw, ld32, [&](Acc& acc, int R, int Cc) {
-    product_tile<false, true>(acc, X, ld, Y, ld, R, Cc, 0, D / 16);
-  });
-}
-
-// A [C, C] fp32 result (row stride ld32) times scale into 16-bit out [C, C] (row stride C): zeros above
-// the diagonal, whatever the staging area holds there.
+// A causal [C, C] result staged in 16-bit [C, ld] into out [C, C] (row stride C): zeros above the diagonal,
+// whatever the staging area holds there.
 template <typename E>
-__device__ void store_lower16(E* __restrict__ out, const float* stage, int ld32, float scale) {
+__device__ void store_lower16(E* __restrict__ out, const E* stage, int ld) {
   for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
     const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
     float f[8] = {};
-    if (c <= r) load8(stage + r * ld32 + c, f);
+    if (c <= r) unpack8<E>(*reinterpret_cast<const uint4*>(stage + r * ld + c), f);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] * scale : 0.f;
+    for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] : 0.f;
     reinterpret_cast<uint4*>(out)[i] = pack8<E>(f);
   }
 }
@@ -542,15 +537,20 @@ struct RegisterState {
 };
 
 // S = decay * S + what body adds, over the fp32 state S [K, ld32] by warp tiles: body(acc, R, Cc) adds its
-// products to row tile R, column tile Cc.
+// products to row tile R, column tile Cc. With row_decay given, row r decays by decay * row_decay[r] instead.
 template <int K, int V, typename Body>
-__device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay, Body body) {
+__device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay, Body body,
+                                                 const float* row_decay = nullptr) {
   for (int t = threadIdx.x / 32; t < (K / 16) * (V / 16); t += kWarps) {
     const int R = t / (V / 16), Cc = t % (V / 16);
     Acc acc;
     load_tile(acc, S + R * 16 * ld32 + Cc * 16, ld32);
+    if (row_decay != nullptr) {
+      scale_tile_rows(acc, row_decay, R, decay);
+    } else {
 #pragma unroll
-    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= decay;
+      for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= decay;
+    }
     body(acc, R, Cc);
     store_tile(S + R * 16 * ld32 + Cc * 16, acc, ld32);
   }
@@ -562,21 +562,6 @@ __device__ void update_state(float* S, int ld32, float decay, const E* X, int ld
   accumulate_state<K, V>(S, ld32, decay, [&](Acc& acc, int R, int Cc) {
     product_tile<true, false>(acc, X, ldx, Y, ldy, R, Cc, 0, kC / 16);
   });
-}
-
-// x = x - y (Keep) or x = -y, row by row: x 16-bit [C, ld], y fp32 [C, ld32]; the result is rounded once.
-template <int D, bool Keep, typename E>
-__device__ void subtract_rows(E* x, int ld, const float* y, int ld32) {
-  for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
-    const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-    uint4* p = reinterpret_cast<uint4*>(x + r * ld + c);
-    float a[8] = {}, b[8];
-    if (Keep) unpack8<E>(*p, a);
-    load8(y + r * ld32 + c, b);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) a[j] -= b[j];
-    *p = pack8<E>(a);
-  }
 }
 
 template <int K, int V, typename E>

@@ -17,7 +17,8 @@
 // With the delta rule the values are the chunk's corrected writes v = V' = U - W S (recomputed from the
 // stored S on the way back), and the gradient that reaches v goes on to U and W:
 //   du = dV',   dw = -dV' S^T,   dS gains -W^T dV'
-// One thread block per (batch, head), 256 threads, every product on tensor cores (chunk_tiles.cuh).
+// One thread block per (batch, head), 256 threads, every product on tensor cores (chunk_tiles.cuh), its
+// results stored from the accumulators (no fp32 staging area).
 // v, o and their gradients are the caller's rows [B, T, H, 64] (zeros past T on the way in, nothing
 // written past T on the way out). What comes from the scores kernels is heads first and padded to whole
 // chunks: qd, kd [B*H, N*64, 64]; A, dA and the stored states [B*H, N, 64, 64]; a, da [B*H, N, 64]; h0
@@ -40,22 +41,22 @@ constexpr int kD = 64;  // K = V
 
 using Pads = Pads64;
 
-// Forward: qd, kd, v (u, then V'), A, the state (fp32 and 16-bit), one staging area, a, and with the
-// delta rule w. About 79 KiB (88 with w): two blocks per SM.
+// Forward: qd, kd, v (u, then V'), A, the state (fp32 and 16-bit), a, and with the delta rule w. About
+// 62 KiB (71 with w); the registers allow two blocks per SM.
 template <bool Delta>
 struct ForwardLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, v = k + rows16, A = v + rows16, state = A + rows16;
-  static constexpr size_t state16 = state + mat32, stage = state16 + rows16, decay = stage + mat32;
+  static constexpr size_t state16 = state + mat32, decay = state16 + rows16;
   static constexpr size_t w = decay + vec, bytes = w + (Delta ? rows16 : 0);
 };
 
-// Backward: qd, kd, v (u, then V'), do, A (then -dV'), the stored state S (16-bit), dS' (fp32 and
-// 16-bit), one staging area, a, and with the delta rule w. About 97 KiB (106 with w): two blocks per SM.
+// Backward: qd, kd, v (u, then V', then -dV'), do, A, the stored state S (16-bit), dS' (fp32 and
+// 16-bit), a, and with the delta rule w. About 80 KiB (89 with w): two blocks per SM.
 template <bool Delta>
 struct BackwardLayout : Pads {
   static constexpr size_t q = 0, k = q + rows16, v = k + rows16, dout = v + rows16, A = dout + rows16;
   static constexpr size_t state16 = A + rows16, dstate = state16 + rows16, dstate16 = dstate + mat32;
-  static constexpr size_t stage = dstate16 + rows16, decay = stage + mat32, w = decay + vec;
+  static constexpr size_t decay = dstate16 + rows16, w = decay + vec;
   static constexpr size_t bytes = w + (Delta ? rows16 : 0);
 };
 
@@ -74,18 +75,6 @@ struct Walk {
   __device__ size_t channels(int n) const { return (static_cast<size_t>(bh) * N + n) * kD; }   // [.., 64]
 };
 
-// S[r, :] *= a[r] over the fp32 state [64, ld32].
-__device__ void decay_rows(float* S, const float* a) {
-  for (int i = threadIdx.x; i < kD * kD / 4; i += kThreads) {
-    const int r = i / (kD / 4), c = (i % (kD / 4)) * 4;
-    float4* p = reinterpret_cast<float4*>(S + r * Pads::ld32 + c);
-    float4 x = *p;
-    const float f = a[r];
-    x.x *= f, x.y *= f, x.z *= f, x.w *= f;
-    *p = x;
-  }
-}
-
 // The rows of the values in chunk n: the caller's v [B, T, H, 64], or with the delta rule U heads first
 // [B*H, N*64, 64]. The same places take dv (du).
 template <bool Delta, typename E>
@@ -93,22 +82,22 @@ __device__ __forceinline__ void fetch_values(RowPrefetch<kD, E>& next, const E* 
   if constexpr (Delta) next.fetch(v + at.rows, kD, n * kC, at.Tp);
   else next.fetch(v + at.head, at.stride, n * kC, at.T);
 }
+// Tile (R, Cc) of dv (du) in chunk n, from its accumulator (nothing past T in the caller's rows).
 template <bool Delta, typename E>
-__device__ __forceinline__ void store_values(E* dv, const Walk& at, int n, const float* stage) {
-  if constexpr (Delta) store_rows<kD>(dv + at.rows, kD, n * kC, at.Tp, stage, Pads::ld32);
-  else store_rows<kD>(dv + at.head, at.stride, n * kC, at.T, stage, Pads::ld32);
+__device__ __forceinline__ void store_value_tile(E* dv, const Walk& at, int n, int R, int Cc, const Acc& acc) {
+  if constexpr (Delta) store_tile16(dv + at.rows + static_cast<size_t>(n * kC + 16 * R) * kD + 16 * Cc, acc, kD);
+  else store_tile16_rows(dv + at.head + 16 * Cc, at.stride, n * kC + 16 * R, at.T, acc);
 }
 
-// v (u with the delta rule) [64, ld] -= w S16: the chunk's corrected writes V'. Starts and ends with the
-// block in step; uses the staging area.
+// v (u with the delta rule) [64, ld] -= w S16 tile by tile in place: the chunk's corrected writes V'.
 template <typename E>
-__device__ void correct_writes(E* sv, const E* sw, const E* S16, float* stage) {
-  tiles_into_stage<kD>(stage, Pads::ld32, [&](Acc& acc, int R, int Cc) {
+__device__ void correct_writes(E* sv, const E* sw, const E* S16) {
+  each_tile<kD>([&](int R, int Cc) {
+    Acc acc;
+    zero(acc);
     product_tile<false, false>(acc, sw, Pads::ld, S16, Pads::ld, R, Cc, 0, kD / 16);
+    subtract_tile16(sv + R * 16 * Pads::ld + Cc * 16, acc, Pads::ld);
   });
-  __syncthreads();
-  subtract_rows<kD, true>(sv, Pads::ld, stage, Pads::ld32);
-  __syncthreads();
 }
 
 // v is the caller's values (GLA) or U (the delta rule, with w = W; w is unused otherwise).
@@ -122,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sA = view<E>(smem, L::A);
   E *S16 = view<E>(smem, L::state16), *sw = view<E>(smem, L::w);
-  float *S = view<float>(smem, L::state), *stage = view<float>(smem, L::stage), *decay = view<float>(smem, L::decay);
+  float *S = view<float>(smem, L::state), *decay = view<float>(smem, L::decay);
   const Walk at(N, T, H);
   const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
 
@@ -146,17 +135,24 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (n + 1 < N) fetch(n + 1);  // in flight while this chunk is computed
     __syncthreads();
     store_state16<kD, kD>(states + at.square(n), S16, L::ld);
-    decay_rows(S, decay);
-    if constexpr (Delta) correct_writes(sv, sw, S16, stage);
-    else __syncthreads();
-    // o = qd S + A v into the staging area; S += kd^T v (fp32 master only).
-    tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+    if constexpr (Delta) {
+      correct_writes(sv, sw, S16);
+      __syncthreads();
+    }
+    // o = qd S + A v straight to the caller's rows; S = Diag(a) S + kd^T v (fp32 master only). Every
+    // read of S16 this chunk lies before the barrier that precedes its copy.
+    each_tile<kD>([&](int R, int Cc) {
+      Acc acc;
+      zero(acc);
       product_tile<false, false>(acc, sq, L::ld, S16, L::ld, R, Cc, 0, kD / 16);
       product_tile<false, false>(acc, sA, L::ld, sv, L::ld, R, Cc, 0, R + 1);
+      store_tile16_rows(o + at.head + 16 * Cc, at.stride, n * kC + 16 * R, at.T, acc);
     });
-    update_state<kD, kD>(S, L::ld32, 1.f, sk, L::ld, sv, L::ld);
+    accumulate_state<kD, kD>(
+        S, L::ld32, 1.f,
+        [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, sk, L::ld, sv, L::ld, R, Cc, 0, kC / 16); },
+        decay);
     __syncthreads();
-    store_rows<kD>(o + at.head, at.stride, n * kC, at.T, stage, L::ld32);
     copy_state<kD, kD>(S16, L::ld, S, L::ld32);
   }
   store_state<kD, kD>(final_state + state_at, S, L::ld32);
@@ -177,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sdo = view<E>(smem, L::dout);
   E *sA = view<E>(smem, L::A), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
   E* sw = view<E>(smem, L::w);
-  float *dS = view<float>(smem, L::dstate), *stage = view<float>(smem, L::stage), *decay = view<float>(smem, L::decay);
+  float *dS = view<float>(smem, L::dstate), *decay = view<float>(smem, L::decay);
   const Walk at(N, T, H);
   const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
 
@@ -204,9 +200,33 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (threadIdx.x < kD) decay[threadIdx.x] = na;
     if (n > 0) fetch(n - 1);  // in flight while this chunk is computed
     __syncthreads();
-    if constexpr (Delta) correct_writes(sv, sw, sS, stage);  // V', as the forward computed it
-    // dA = do v^T on and below the diagonal; da = Σ_v dS' ⊙ S (four threads a row).
-    scores_into_stage<kD>(stage, L::ld32, sdo, sv, L::ld);
+    if constexpr (Delta) {
+      correct_writes(sv, sw, sS);  // V', as the forward computed it
+      __syncthreads();
+    }
+    // dA = do v^T on and below the diagonal (zeros above), dqd = do S^T and dkd = v dS'^T (from the 16-bit
+    // copy), each tile from its accumulator to global memory; da = Σ_v dS' ⊙ S (four threads a row).
+    for (int t = threadIdx.x / 32; t < 3 * kRowTiles * kRowTiles; t += kWarps) {
+      const int u = t % (kRowTiles * kRowTiles);
+      Acc acc;
+      zero(acc);
+      if (t < kRowTiles * kRowTiles) {
+        int R, Cc;
+        if (u < kLowerTiles) {
+          lower_tile(u, R, Cc);
+          product_tile<false, true>(acc, sdo, L::ld, sv, L::ld, R, Cc, 0, kD / 16);
+        } else {  // above the diagonal: (b, a + 1) for the lower tile (a, b)
+          lower_tile(u - kLowerTiles, Cc, R);
+          ++Cc;
+        }
+        store_tile16(dA + at.square(n) + R * 16 * kC + Cc * 16, acc, kC);
+      } else {
+        const bool dk_tile = t >= 2 * kRowTiles * kRowTiles;
+        const int R = u / (kD / 16), Cc = u % (kD / 16);
+        product_tile<false, true>(acc, dk_tile ? sv : sdo, L::ld, dk_tile ? dS16 : sS, L::ld, R, Cc, 0, kD / 16);
+        store_tile16((dk_tile ? dkd : dqd) + at.rows + static_cast<size_t>(t0 + 16 * R) * kD + 16 * Cc, acc, kD);
+      }
+    }
     {
       const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * (kD / 4);
       float part = 0.f, s[8];
@@ -220,47 +240,40 @@ __global__ void __launch_bounds__(kThreads, 2)
       part += __shfl_xor_sync(0xffffffffu, part, 2);
       if (threadIdx.x % 4 == 0) da[at.channels(n) + r] = part;
     }
-    __syncthreads();
-    store_lower16(dA + at.square(n), stage, L::ld32, 1.f);
-    __syncthreads();
-    // dv = A^T do + kd dS' (with the delta rule: du = dV', and -dV' where A was).
-    tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
+    __syncthreads();  // da has read dS', which takes its update next (and with the delta rule V' takes -dV')
+    // dv = A^T do + kd dS' to global memory (with the delta rule: du = dV', and -dV' where V' was).
+    each_tile<kD>([&](int R, int Cc) {
+      Acc acc;
+      zero(acc);
       product_tile<true, false>(acc, sA, L::ld, sdo, L::ld, R, Cc, R, kRowTiles);
       product_tile<false, false>(acc, sk, L::ld, dS16, L::ld, R, Cc, 0, kD / 16);
+      store_value_tile<Delta>(dv, at, n, R, Cc, acc);
+      if constexpr (Delta) {
+#pragma unroll
+        for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
+        store_tile16(sv + R * 16 * L::ld + Cc * 16, acc, L::ld);
+      }
     });
-    __syncthreads();
-    store_values<Delta>(dv, at, n, stage);
-    if constexpr (Delta) subtract_rows<kD, false>(sA, L::ld, stage, L::ld32);
-    __syncthreads();
-    // dqd = do S^T.
-    tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
-      product_tile<false, true>(acc, sdo, L::ld, sS, L::ld, R, Cc, 0, kD / 16);
-    });
-    __syncthreads();
-    store_rows<kD>(dqd + at.rows, kD, t0, at.Tp, stage, L::ld32);
-    __syncthreads();
-    // dkd = v dS'^T (from the 16-bit copy), while the fp32 dS' takes its decay.
-    tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
-      product_tile<false, true>(acc, sv, L::ld, dS16, L::ld, R, Cc, 0, kD / 16);
-    });
-    decay_rows(dS, decay);
-    __syncthreads();
-    // dS = Diag(a) dS' + qd^T do (- W^T dV' with the delta rule).
-    store_rows<kD>(dkd + at.rows, kD, t0, at.Tp, stage, L::ld32);
-    accumulate_state<kD, kD>(dS, L::ld32, 1.f, [&](Acc& acc, int R, int Cc) {
-      product_tile<true, false>(acc, sq, L::ld, sdo, L::ld, R, Cc, 0, kRowTiles);
-      if constexpr (Delta) product_tile<true, false>(acc, sw, L::ld, sA, L::ld, R, Cc, 0, kRowTiles);
-    });
-    __syncthreads();
-    if constexpr (Delta) {  // dw = -dV' S^T
-      tiles_into_stage<kD>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {
-        product_tile<false, true>(acc, sA, L::ld, sS, L::ld, R, Cc, 0, kD / 16);
-      });
+    if constexpr (Delta) {
       __syncthreads();
-      store_rows<kD>(dw + at.rows, kD, t0, at.Tp, stage, L::ld32);
+      each_tile<kD>([&](int R, int Cc) {  // dw = -dV' S^T
+        Acc acc;
+        zero(acc);
+        product_tile<false, true>(acc, sv, L::ld, sS, L::ld, R, Cc, 0, kD / 16);
+        store_tile16(dw + at.rows + static_cast<size_t>(t0 + 16 * R) * kD + 16 * Cc, acc, kD);
+      });
     }
-    copy_state<kD, kD>(dS16, L::ld, dS, L::ld32);
-    __syncthreads();  // the next chunk's rows replace these
+    // dS = Diag(a) dS' + qd^T do (- W^T dV' with the delta rule). Without the delta rule this runs beside dv's
+    // products, which read dS' only through its 16-bit copy.
+    accumulate_state<kD, kD>(
+        dS, L::ld32, 1.f,
+        [&](Acc& acc, int R, int Cc) {
+          product_tile<true, false>(acc, sq, L::ld, sdo, L::ld, R, Cc, 0, kRowTiles);
+          if constexpr (Delta) product_tile<true, false>(acc, sw, L::ld, sv, L::ld, R, Cc, 0, kRowTiles);
+        },
+        decay);
+    __syncthreads();
+    copy_state<kD, kD>(dS16, L::ld, dS, L::ld32);  // read only after the next chunk's first barrier
   }
   if (d_initial != nullptr) store_state<kD, kD>(d_initial + state_at, dS, L::ld32);
 }

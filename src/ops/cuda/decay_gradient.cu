@@ -90,8 +90,8 @@ torch::Tensor decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& do
   const c10::cuda::CUDAGuard guard(dot_q.device());
   auto dg = torch::empty_like(dot_q);
   if (B * H == 0 || T == 0) return dg;
-  launch(decay_gradient_kernel, static_cast<unsigned>(B * H), kTile, 0, dot_q.data_ptr<float>(), dot_k.data_ptr<float>(),
-         ptr_or_null(dot_w), ptr_or_null(d_final), final_state.data_ptr<float>(), dg.data_ptr<float>(),
+  launch(decay_gradient_kernel, static_cast<unsigned>(B * H), kTile, 0, dot_q.data_ptr<float>(),
+         dot_k.data_ptr<float>(), ptr_or_null(dot_w), ptr_or_null(d_final), final_state.data_ptr<float>(), dg.data_ptr<float>(),
          static_cast<int>(T), static_cast<int>(Tw), static_cast<int>(chunk),
          static_cast<int>(final_state.size(2) * final_state.size(3)));
   return dg;

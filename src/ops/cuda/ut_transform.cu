@@ -355,10 +355,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     product_tile<false, true>(acc, sdu, S::ld, Vb, S::ld, R, Cc, 0, kD / 16);
   });
   __syncthreads();
-  // X = dT T^T into Bm (Kg and Vb are no longer needed), then dL = -T^T X (given the scores into A: dT is no
-  // longer needed either), lower tiles only. Below the diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j]
-  // read strictly lower dT and X only (T is zero above its diagonal); what the diagonal tiles hold above it
-  // is never used.
+  // X = dT T^T into Bm (Kg and Vb are no longer needed), then dL = -T^T X (given the scores into A: dT is
+  // no longer needed either), lower tiles only. Below the diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and
+  // dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j] read strictly lower dT and X only (T is zero above its diagonal);
+  // what the diagonal tiles hold above it is never used.
   lower_tiles_into_stage(Bm, S::ld32, [&](Acc& acc, int R, int Cc) {
     product_tile_3xtf32<false, true>(acc, A, T, S::ld32, R, Cc, 0, 2 * (Cc + 1));
   });

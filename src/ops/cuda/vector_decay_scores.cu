@@ -46,13 +46,14 @@ constexpr int kRefs = 3;   // reference rows 16, 32, 48
 
 using Pads = Pads64;
 
-// Forward: q, k, X_16, X_32, X_48 (and with the key-key scores Y, below) 16-bit, G and the scores (and
-// the key-key scores) fp32. About 79 KiB (105 with the key-key scores): two blocks per SM.
+// Forward: q, k, X_16, X_32, X_48 (and with the key-key scores Y, below) 16-bit, G fp32 and the scores (and
+// the key-key scores) 16-bit. About 71 KiB (89 with the key-key scores): three blocks per SM (two).
 template <bool Pair>
 struct ForwardSmem : Pads {
   static constexpr size_t q = 0, k = q + rows16, X = k + rows16, Y = X + kRefs * rows16;
-  static constexpr size_t G = Y + (Pair ? rows16 : 0), stage = G + mat32, stage_kk = stage + mat32;
-  static constexpr size_t bytes = stage_kk + (Pair ? mat32 : 0);
+  static constexpr size_t G = Y + (Pair ? rows16 : 0), stage = G + mat32, stage_kk = stage + rows16;
+  static constexpr size_t bytes = stage_kk + (Pair ? rows16 : 0);
+  static_assert(Pair || 3 * (bytes + 1024) <= 228 * 1024, "three blocks per SM");
 };
 
 // Backward: q, k, X_16, X_32, X_48 (after the products dqd and dkd, then dek), dA (16-bit), G, the
@@ -184,17 +185,17 @@ __device__ __forceinline__ float sum8(float x) {
 // The scores of chunk blockIdx.x of head blockIdx.y and the walk's row factors; with Pair also the
 // key-key scores and ek.
 template <typename E, bool Pair>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, Pair ? 2 : 3)
     vector_scores_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ g,
                                  E* __restrict__ A, E* __restrict__ qd, E* __restrict__ kd, float* __restrict__ a,
                                  E* __restrict__ Akk, E* __restrict__ ek, int N, int T, int H, float scale) {
   using S = ForwardSmem<Pair>;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *Y = view<E>(smem, S::Y);
-  float *sG = view<float>(smem, S::G), *stage = view<float>(smem, S::stage);
-  float* stage_kk = view<float>(smem, S::stage_kk);
+  E *stage = view<E>(smem, S::stage), *stage_kk = view<E>(smem, S::stage_kk);  // 16-bit [64, ld]
+  float* sG = view<float>(smem, S::G);
   const Chunk at(N, T, H);
-  load_chunk(sq, sk, sG, stage, q, k, g, at);  // the staging area is free until the products
+  load_chunk(sq, sk, sG, view<float>(smem, S::stage), q, k, g, at);  // the staging area is free until then
   __syncthreads();
   // Only the rows the products read: X_m up to sub-chunk m / 16, and for the key-key scores Y, whose
   // sub-chunk I >= 1 holds its own keys decayed from its first row (the row side of Akk's blocks).
@@ -237,7 +238,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     Acc acc;
     zero(acc);
     product_tile<false, true>(acc, keys ? Y : Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
-    store_tile((keys ? stage_kk : stage) + I * kSub * S::ld32 + J * kSub, acc, S::ld32);
+    if (!keys) {
+#pragma unroll
+      for (int e = 0; e < Acc::num_elements; ++e) acc.x[e] *= scale;
+    }
+    store_tile16((keys ? stage_kk : stage) + I * kSub * S::ld + J * kSub, acc, S::ld);
   }
   // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; below, sG holds them from
   // each sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i. Thread (I, p, e):
@@ -267,19 +272,19 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int d = 0; d < 8; ++d) sum += x[d] * kj[d] * f[d];
       sum = sum8(sum);
-      if (lane % 8 == 0) stage[i * S::ld32 + j] = sum;
+      if (lane % 8 == 0) stage[i * S::ld + j] = from_float<E>(sum * scale);
       if constexpr (Pair) {
         unpack8<E>(*reinterpret_cast<const uint4*>(sk + i * S::ld + c), x);
 #pragma unroll
         for (int d = 0; d < 8; ++d) sum_kk += x[d] * kj[d] * f[d];
         sum_kk = sum8(sum_kk);
-        if (lane % 8 == 0) stage_kk[i * S::ld32 + j] = sum_kk;
+        if (lane % 8 == 0) stage_kk[i * S::ld + j] = from_float<E>(sum_kk);
       }
     }
   }
   __syncthreads();
-  store_lower16(A + at.square(), stage, S::ld32, scale);
-  if constexpr (Pair) store_lower16(Akk + at.square(), stage_kk, S::ld32, 1.f);
+  store_lower16(A + at.square(), stage, S::ld);
+  if constexpr (Pair) store_lower16(Akk + at.square(), stage_kk, S::ld);
 }
 
 // dA's blocks below the diagonal through the reference rows, times `factor`, 24 tiles over the warps:
