@@ -10,8 +10,8 @@
 //     two_tiles_into_stage, accumulate_state, update_state) over row-major tiles, and x - y tile by tile
 //     (subtract_tile16);
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
-//     optional fp32 row sums (store_rows) or a tile at a time from its accumulator (store_tile16_rows); a
-//     causal [C, C] result stored as 16-bit (store_lower16);
+//     optional fp32 row sums (store_rows) or a tile at a time from its accumulator (store_tile16,
+//     store_tile16_rows);
 //   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
 //     from them, on 16-bit rows (scale_rows, scale_rows_to) or on accumulators (scale_tile_rows,
 //     decay_tile, decayed_scores16);
@@ -443,20 +443,6 @@ __device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, B
     zero(acc);
     body(acc, R, Cc);
     store_tile(stage + R * 16 * ld32 + Cc * 16, acc, ld32);
-  }
-}
-
-// A causal [C, C] result staged in 16-bit [C, ld] into out [C, C] (row stride C): zeros above the diagonal,
-// whatever the staging area holds there.
-template <typename E>
-__device__ void store_lower16(E* __restrict__ out, const E* stage, int ld) {
-  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
-    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
-    float f[8] = {};
-    if (c <= r) unpack8<E>(*reinterpret_cast<const uint4*>(stage + r * ld + c), f);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] : 0.f;
-    reinterpret_cast<uint4*>(out)[i] = pack8<E>(f);
   }
 }
 

@@ -46,15 +46,37 @@ constexpr int kRefs = 3;   // reference rows 16, 32, 48
 
 using Pads = Pads64;
 
-// Forward: q, k, X_16, X_32, X_48 (and with the key-key scores Y, below) 16-bit, G fp32 and the scores (and
-// the key-key scores) 16-bit. About 71 KiB (89 with the key-key scores): three blocks per SM (two).
+// Forward: q, k, X_16, X_32, X_48 (and with the key-key scores Y, below) 16-bit, G fp32 and the scores'
+// diagonal blocks (and the key-key scores') 16-bit [4, 16, 16]; the blocks below the diagonal go from the
+// accumulators to global memory. About 64 KiB (75 with the key-key scores): three blocks per SM.
 template <bool Pair>
 struct ForwardSmem : Pads {
+  static constexpr size_t diag_bytes = kRowTiles * kSub * kSub * 2;
   static constexpr size_t q = 0, k = q + rows16, X = k + rows16, Y = X + kRefs * rows16;
-  static constexpr size_t G = Y + (Pair ? rows16 : 0), stage = G + mat32, stage_kk = stage + rows16;
-  static constexpr size_t bytes = stage_kk + (Pair ? rows16 : 0);
-  static_assert(Pair || 3 * (bytes + 1024) <= 228 * 1024, "three blocks per SM");
+  static constexpr size_t G = Y + (Pair ? rows16 : 0), diag = G + mat32, diag_kk = diag + diag_bytes;
+  static constexpr size_t bytes = diag_kk + (Pair ? diag_bytes : 0);
+  static_assert(3 * (bytes + 1024) <= 228 * 1024, "three blocks per SM");
+  static_assert(diag_bytes >= kRowTiles * kD * 4, "load_chunk's totals fit in the diagonal blocks' place");
 };
+
+// The causal [64, 64] scores (row stride 64, global): zeros in the blocks above the diagonal, and the four
+// diagonal blocks from their 16-bit staging diag [4, 16, 16] with zeros above the diagonal. The blocks below
+// the diagonal are stored elsewhere.
+template <typename E>
+__device__ void store_diagonal_and_zeros(E* __restrict__ out, const E* diag) {
+  constexpr int kHalves = kC * kC / 8;  // 16-byte words of the square
+  for (int i = threadIdx.x; i < kHalves; i += kThreads) {
+    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8, I = r / kSub, J = c / kSub;
+    if (J < I) continue;  // below the diagonal
+    float f[8] = {};
+    if (J == I) {
+      unpack8<E>(*reinterpret_cast<const uint4*>(diag + (I * kSub + r % kSub) * kSub + c % kSub), f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] = c + j <= r ? f[j] : 0.f;
+    }
+    reinterpret_cast<uint4*>(out)[i] = pack8<E>(f);
+  }
+}
 
 // Backward: q, k, X_16, X_32, X_48 (after the products dqd and dkd, then dek), dA (16-bit), G, the
 // products of the row side (dq's; then dk's from dAkk) and of the column side (dk's) in fp32, and with the
@@ -185,17 +207,17 @@ __device__ __forceinline__ float sum8(float x) {
 // The scores of chunk blockIdx.x of head blockIdx.y and the walk's row factors; with Pair also the
 // key-key scores and ek.
 template <typename E, bool Pair>
-__global__ void __launch_bounds__(kThreads, Pair ? 2 : 3)
+__global__ void __launch_bounds__(kThreads, 3)
     vector_scores_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ g,
                                  E* __restrict__ A, E* __restrict__ qd, E* __restrict__ kd, float* __restrict__ a,
                                  E* __restrict__ Akk, E* __restrict__ ek, int N, int T, int H, float scale) {
   using S = ForwardSmem<Pair>;
   extern __shared__ __align__(128) unsigned char smem[];
   E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *Y = view<E>(smem, S::Y);
-  E *stage = view<E>(smem, S::stage), *stage_kk = view<E>(smem, S::stage_kk);  // 16-bit [64, ld]
+  E *diag = view<E>(smem, S::diag), *diag_kk = view<E>(smem, S::diag_kk);  // 16-bit [4, 16, 16]
   float* sG = view<float>(smem, S::G);
   const Chunk at(N, T, H);
-  load_chunk(sq, sk, sG, view<float>(smem, S::stage), q, k, g, at);  // the staging area is free until then
+  load_chunk(sq, sk, sG, view<float>(smem, S::diag), q, k, g, at);  // free until the diagonal blocks
   __syncthreads();
   // Only the rows the products read: X_m up to sub-chunk m / 16, and for the key-key scores Y, whose
   // sub-chunk I >= 1 holds its own keys decayed from its first row (the row side of Akk's blocks).
@@ -242,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, Pair ? 2 : 3)
 #pragma unroll
       for (int e = 0; e < Acc::num_elements; ++e) acc.x[e] *= scale;
     }
-    store_tile16((keys ? stage_kk : stage) + I * kSub * S::ld + J * kSub, acc, S::ld);
+    store_tile16((keys ? Akk : A) + at.square() + I * kSub * kC + J * kSub, acc, kC);
   }
   // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; below, sG holds them from
   // each sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i. Thread (I, p, e):
@@ -272,19 +294,19 @@ __global__ void __launch_bounds__(kThreads, Pair ? 2 : 3)
 #pragma unroll
       for (int d = 0; d < 8; ++d) sum += x[d] * kj[d] * f[d];
       sum = sum8(sum);
-      if (lane % 8 == 0) stage[i * S::ld + j] = from_float<E>(sum * scale);
+      if (lane % 8 == 0) diag[(r0 + i % kSub) * kSub + j % kSub] = from_float<E>(sum * scale);
       if constexpr (Pair) {
         unpack8<E>(*reinterpret_cast<const uint4*>(sk + i * S::ld + c), x);
 #pragma unroll
         for (int d = 0; d < 8; ++d) sum_kk += x[d] * kj[d] * f[d];
         sum_kk = sum8(sum_kk);
-        if (lane % 8 == 0) stage_kk[i * S::ld + j] = from_float<E>(sum_kk);
+        if (lane % 8 == 0) diag_kk[(r0 + i % kSub) * kSub + j % kSub] = from_float<E>(sum_kk);
       }
     }
   }
   __syncthreads();
-  store_lower16(A + at.square(), stage, S::ld);
-  if constexpr (Pair) store_lower16(Akk + at.square(), stage_kk, S::ld);
+  store_diagonal_and_zeros(A + at.square(), diag);
+  if constexpr (Pair) store_diagonal_and_zeros(Akk + at.square(), diag_kk);
 }
 
 // dA's blocks below the diagonal through the reference rows, times `factor`, 24 tiles over the warps:
