@@ -253,11 +253,16 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
                                                const torch::Tensor& d_m, const torch::Tensor& d_den,
                                                const torch::Tensor& d_final, double scale, bool want_d_n0);
 
-// h = o / denom row by row (the mLSTM's numerator over its denominator): o [B,T,H,V] 16-bit contiguous,
-// denom [B,H,T] fp32 contiguous; h in out_dtype (fp32 or o's dtype). Its backward given dh (h's dtype,
-// contiguous): d_o = dh / denom (o's dtype) and d_denom = -Σ_v dh o / denom² [B,H,T] fp32.
-torch::Tensor divide_rows_forward(const torch::Tensor& o, const torch::Tensor& denom, torch::ScalarType out_dtype);
-std::pair<torch::Tensor, torch::Tensor> divide_rows_backward(const torch::Tensor& o, const torch::Tensor& denom,
-                                                             const torch::Tensor& dh);
+// h = o / (max(|den|, e^{-m}) + eps) row by row (the mLSTM's numerator over its denominator): o [B,T,H,V]
+// 16-bit contiguous, den and m [B,H,T] fp32 contiguous; h in out_dtype (fp32 or o's dtype). Its backward
+// given dh (h's dtype, contiguous): d_o (o's dtype) and d_den, d_m [B,H,T] fp32, with e^{-m} a constant
+// (m's gradient is that of the eps term: see mlstm_ops/fused_chunk.cpp).
+torch::Tensor divide_rows_forward(const torch::Tensor& o, const torch::Tensor& den, const torch::Tensor& m, double eps,
+                                  torch::ScalarType out_dtype);
+struct DivideRowsGrads {
+  torch::Tensor d_o, d_den, d_m;
+};
+DivideRowsGrads divide_rows_backward(const torch::Tensor& o, const torch::Tensor& den, const torch::Tensor& m,
+                                     double eps, const torch::Tensor& dh);
 
 }  // namespace linearize::ops::cuda_kernels

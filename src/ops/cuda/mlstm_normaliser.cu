@@ -485,15 +485,22 @@ __device__ __forceinline__ int64_t denom_index(int64_t r, int T, int H) {
   return (b * H + h) * T + t;
 }
 
-// h = o / denom row by row: o [B,T,H,V] 16-bit, denom [B,H,T] fp32, h in Out. Each thread takes eight
-// consecutive values of a row, V / 8 consecutive threads a row.
+// The mLSTM's denominator of row r = (b, t, h), max(|den|, e^{-m}) + eps (den, m [B,H,T] at index at).
+__device__ __forceinline__ float denominator(const float* __restrict__ den, const float* __restrict__ m, int64_t at,
+                                             float eps) {
+  return fmaxf(fabsf(den[at]), expf(-m[at])) + eps;
+}
+
+// h = o / (max(|den|, e^{-m}) + eps) row by row: o [B,T,H,V] 16-bit, den and m [B,H,T] fp32, h in Out.
+// Each thread takes eight consecutive values of a row, V / 8 consecutive threads a row.
 template <typename Lo, typename Out>
-__global__ void divide_rows_forward_kernel(const Lo* __restrict__ o, const float* __restrict__ denom,
-                                           Out* __restrict__ out, int64_t rows, int T, int H, int V) {
+__global__ void divide_rows_forward_kernel(const Lo* __restrict__ o, const float* __restrict__ den,
+                                           const float* __restrict__ m, float eps, Out* __restrict__ out,
+                                           int64_t rows, int T, int H, int V) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, r = i / (V / 8);
   if (r >= rows) return;
   const int64_t at = r * V + (i % (V / 8)) * 8;
-  const float inv = 1.f / denom[denom_index(r, T, H)];
+  const float inv = 1.f / denominator(den, m, denom_index(r, T, H), eps);
   float f[8];
   load8_as_float(o + at, f);
 #pragma unroll
@@ -501,17 +508,20 @@ __global__ void divide_rows_forward_kernel(const Lo* __restrict__ o, const float
   store8_from_float(out + at, f);
 }
 
-// Its backward: d_o = dh / denom (o's dtype), d_denom = -Σ_v dh o / denom² ([B,H,T] fp32), the sum over
-// the V / 8 threads of a row (V / 8 a power of two, so a row's threads are a shuffle group).
+// Its backward: d_o = dh / denom (o's dtype) and, with s = -Σ_v dh o / denom² (the sum over the V / 8
+// threads of a row, a power of two, so a row's threads are a shuffle group), the gradients [B,H,T] fp32
+//   d_den = s sign(den) where |den| wins the max (s / 2 sign(den) on a tie, as torch.maximum),
+//   d_m   = s eps  (e^{-m} is taken as a constant: see mlstm_ops/fused_chunk.cpp).
 template <typename Lo, typename Out>
-__global__ void divide_rows_backward_kernel(const Lo* __restrict__ o, const float* __restrict__ denom,
-                                            const Out* __restrict__ dh, Lo* __restrict__ d_o,
-                                            float* __restrict__ d_denom, int64_t rows, int T, int H, int V) {
+__global__ void divide_rows_backward_kernel(const Lo* __restrict__ o, const float* __restrict__ den,
+                                            const float* __restrict__ m, float eps, const Out* __restrict__ dh,
+                                            Lo* __restrict__ d_o, float* __restrict__ d_den, float* __restrict__ d_m,
+                                            int64_t rows, int T, int H, int V) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, r = i / (V / 8);
   const bool live = r < rows;  // every lane takes part in the shuffles
   const int64_t at = live ? r * V + (i % (V / 8)) * 8 : 0, d_at = live ? denom_index(r, T, H) : 0;
   float g[8] = {}, x[8] = {}, dot = 0.f;
-  const float inv = live ? 1.f / denom[d_at] : 0.f;
+  const float inv = live ? 1.f / denominator(den, m, d_at, eps) : 0.f;
   if (live) {
     load8_as_float(dh + at, g);
     load8_as_float(o + at, x);
@@ -520,7 +530,12 @@ __global__ void divide_rows_backward_kernel(const Lo* __restrict__ o, const floa
   for (int j = 0; j < 8; ++j) dot += g[j] * x[j], g[j] *= inv;
   if (live) store8_from_float(d_o + at, g);
   for (int off = V / 16; off > 0; off >>= 1) dot += __shfl_xor_sync(kAll, dot, off);
-  if (live && i % (V / 8) == 0) d_denom[d_at] = -dot * inv * inv;
+  if (live && i % (V / 8) == 0) {
+    const float s = -dot * inv * inv, a = fabsf(den[d_at]), lower = expf(-m[d_at]);
+    const float wins = a > lower ? 1.f : a == lower ? 0.5f : 0.f;
+    d_den[d_at] = den[d_at] > 0.f ? s * wins : den[d_at] < 0.f ? -s * wins : 0.f;
+    d_m[d_at] = s * eps;
+  }
 }
 
 // fn(In{}, Lo{}, std::integral_constant<int, K>{}) for the supported input dtype (fp32 or the 16-bit
@@ -674,10 +689,20 @@ void dispatch_rows(torch::ScalarType lo, torch::ScalarType out, int64_t V, Fn fn
 
 constexpr int kRowThreads = 256;
 
+// den and m of the division: [B,H,T] fp32 contiguous each.
+void check_denominator_parts(const torch::Tensor& den, const torch::Tensor& m, int64_t B, int64_t H, int64_t T) {
+  for (const auto* x : {&den, &m})
+    TORCH_CHECK(x->sizes() == torch::IntArrayRef({B, H, T}) && x->scalar_type() == torch::kFloat && x->is_contiguous(),
+                "divide_rows: ", x == &den ? "den" : "m", " must be [", B, ", ", H, ", ", T,
+                "] fp32 contiguous; got ", x->sizes(), " ", x->scalar_type());
+}
+
 }  // namespace
 
-torch::Tensor divide_rows_forward(const torch::Tensor& o, const torch::Tensor& denom, torch::ScalarType out_dtype) {
+torch::Tensor divide_rows_forward(const torch::Tensor& o, const torch::Tensor& den, const torch::Tensor& m, double eps,
+                                  torch::ScalarType out_dtype) {
   const int64_t B = o.size(0), T = o.size(1), H = o.size(2), V = o.size(3), rows = B * T * H;
+  check_denominator_parts(den, m, B, H, T);
   const c10::cuda::CUDAGuard guard(o.device());
   auto h = torch::empty(o.sizes(), o.options().dtype(out_dtype));
   if (rows == 0) return h;
@@ -685,28 +710,32 @@ torch::Tensor divide_rows_forward(const torch::Tensor& o, const torch::Tensor& d
     using Lo = decltype(lo_tag);
     using Out = decltype(out_tag);
     launch(divide_rows_forward_kernel<Lo, Out>, dim3((rows * V / 8 + kRowThreads - 1) / kRowThreads),
-           dim3(kRowThreads), 0, data_as<const Lo>(o), denom.data_ptr<float>(), data_as<Out>(h), rows,
-           static_cast<int>(T), static_cast<int>(H), static_cast<int>(V));
+           dim3(kRowThreads), 0, data_as<const Lo>(o), den.data_ptr<float>(), m.data_ptr<float>(),
+           static_cast<float>(eps), data_as<Out>(h), rows, static_cast<int>(T), static_cast<int>(H),
+           static_cast<int>(V));
   });
   return h;
 }
 
-std::pair<torch::Tensor, torch::Tensor> divide_rows_backward(const torch::Tensor& o, const torch::Tensor& denom,
-                                                             const torch::Tensor& dh) {
+DivideRowsGrads divide_rows_backward(const torch::Tensor& o, const torch::Tensor& den, const torch::Tensor& m,
+                                     double eps, const torch::Tensor& dh) {
   const int64_t B = o.size(0), T = o.size(1), H = o.size(2), V = o.size(3), rows = B * T * H;
+  check_denominator_parts(den, m, B, H, T);
   const c10::cuda::CUDAGuard guard(o.device());
-  auto d_o = torch::empty_like(o);
-  auto d_denom = torch::empty({B, H, T}, o.options().dtype(torch::kFloat));
-  if (rows == 0) return {d_o, d_denom};
+  DivideRowsGrads r;
+  r.d_o = torch::empty_like(o);
+  r.d_den = torch::empty({B, H, T}, o.options().dtype(torch::kFloat));
+  r.d_m = torch::empty_like(r.d_den);
+  if (rows == 0) return r;
   dispatch_rows(o.scalar_type(), dh.scalar_type(), V, [&](auto lo_tag, auto out_tag) {
     using Lo = decltype(lo_tag);
     using Out = decltype(out_tag);
     launch(divide_rows_backward_kernel<Lo, Out>, dim3((rows * V / 8 + kRowThreads - 1) / kRowThreads),
-           dim3(kRowThreads), 0, data_as<const Lo>(o), denom.data_ptr<float>(), data_as<const Out>(dh),
-           data_as<Lo>(d_o), d_denom.data_ptr<float>(), rows, static_cast<int>(T), static_cast<int>(H),
-           static_cast<int>(V));
+           dim3(kRowThreads), 0, data_as<const Lo>(o), den.data_ptr<float>(), m.data_ptr<float>(),
+           static_cast<float>(eps), data_as<const Out>(dh), data_as<Lo>(r.d_o), r.d_den.data_ptr<float>(),
+           r.d_m.data_ptr<float>(), rows, static_cast<int>(T), static_cast<int>(H), static_cast<int>(V));
   });
-  return {d_o, d_denom};
+  return r;
 }
 
 }  // namespace linearize::ops::cuda_kernels

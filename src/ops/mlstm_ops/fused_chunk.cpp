@@ -108,10 +108,11 @@ Parts libtorch_parts(const torch::Tensor& q, const torch::Tensor& k, const torch
   return {kp.to(q.scalar_type()), g.narrow(2, 0, T), m_grad.narrow(2, 0, T), den.narrow(2, 0, T), n_final};
 }
 
-#ifdef LINEARIZE_WITH_CUDA
-using cuda_kernels::present;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+#ifdef LINEARIZE_WITH_CUDA
+using cuda_kernels::present;
 
 // The parts through ops/cuda/mlstm_normaliser.cu. Inputs q, k [B,T,H,K] (fp32 or the 16-bit kp_dtype),
 // igate, fgate [B,T,H] fp32, m0 [B,H] fp32, n0 [B,H,K] fp32 or empty; outputs kp, g, m, den, n_final.
@@ -141,19 +142,22 @@ struct GatesNormaliserFunction : public torch::autograd::Function<GatesNormalise
   }
 };
 
-// h = o / denom through ops/cuda/mlstm_normaliser.cu: o [B,T,H,V] 16-bit, denom [B,H,T] fp32, h in
-// out_dtype, with no fp32 copy of o on the way.
+// h = o / (max(|den|, e^{-m}) + eps) through ops/cuda/mlstm_normaliser.cu, with m's gradient that of the
+// eps term (see the top of this file): o [B,T,H,V] 16-bit, den and m [B,H,T] fp32, h in out_dtype, with
+// no fp32 copy of o and no element-wise kernels for the denominator on the way.
 struct DivideRowsFunction : public torch::autograd::Function<DivideRowsFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& o, const torch::Tensor& denom,
-                               int64_t out_dtype) {
-    ctx->save_for_backward({o, denom});
-    return cuda_kernels::divide_rows_forward(o, denom, static_cast<torch::ScalarType>(out_dtype));
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& o, const torch::Tensor& den,
+                               const torch::Tensor& m, double eps, int64_t out_dtype) {
+    ctx->save_for_backward({o, den, m});
+    ctx->saved_data["eps"] = eps;
+    return cuda_kernels::divide_rows_forward(o, den, m, eps, static_cast<torch::ScalarType>(out_dtype));
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return {torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    if (!grads[0].defined()) return variable_list(5);
     const auto s = ctx->get_saved_variables();
-    auto [d_o, d_denom] = cuda_kernels::divide_rows_backward(s[0], s[1], grads[0].contiguous());
-    return {d_o, d_denom, torch::Tensor()};
+    auto r = cuda_kernels::divide_rows_backward(s[0], s[1], s[2], ctx->saved_data["eps"].toDouble(),
+                                                grads[0].contiguous());
+    return {r.d_o, r.d_den, r.d_m, torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -173,6 +177,23 @@ Parts kernel_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::
 }
 #endif
 
+// The returned state c, n unchanged in value, with the gradient of its stabilisation by e^{-m_T} (see the
+// top of this file): dc/dm_T = -c, dn/dm_T = -n. One autograd node and no kernels in the forward.
+struct StabilisedStateFunction : public torch::autograd::Function<StabilisedStateFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& c, const torch::Tensor& n,
+                               const torch::Tensor& /*m_last: its gradient*/) {
+    ctx->save_for_backward({c, n});
+    return {c, n};
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto s = ctx->get_saved_variables();
+    torch::Tensor d_m;  // -Σ dc ⊙ c - Σ dn ⊙ n per (batch, head)
+    if (grads[0].defined()) d_m = -(grads[0] * s[0]).sum({2, 3});
+    if (grads[1].defined()) d_m = d_m.defined() ? d_m - (grads[1] * s[1]).sum(2) : -(grads[1] * s[1]).sum(2);
+    return {grads[0], grads[1], d_m};
+  }
+};
+
 // h and the final state from the parts: the numerator through gla_chunk (in k''s dtype), then
 // h = numerator / (max(|den|, e^{-m}) + eps) with m's own gradient added (see the top of this file), the
 // division by DivideRowsFunction when `kernels`.
@@ -182,20 +203,22 @@ MlstmResult join(const Parts& p, const torch::Tensor& q, const torch::Tensor& v,
   const auto lo = p.kp.scalar_type();
   auto num = ops::gla_chunk(q.to(lo), p.kp, v.to(lo), p.g.transpose(1, 2), init.defined() ? init.c : torch::Tensor(),
                             scale, chunk);
-  // m's gradient through terms that are zero in value (shift = m - m.detach()): eps (1 + shift) in the
-  // denominator gives dh/dm = -h eps / denominator; c and n, stabilised by e^{-m_T}, get -c and -n.
-  auto m = p.m.detach(), shift = p.m - m;
-  auto denom = torch::maximum(p.den.abs(), (-m).exp()) + eps * (shift + 1);  // [B,H,T]
   torch::Tensor h;  // [B,T,H,V]
 #ifdef LINEARIZE_WITH_CUDA
   if (kernels)
-    h = DivideRowsFunction::apply(aligned_rows(num.o), denom.contiguous(), static_cast<int64_t>(v.scalar_type()));
+    h = DivideRowsFunction::apply(aligned_rows(num.o), p.den.contiguous(), p.m.contiguous(), eps,
+                                  static_cast<int64_t>(v.scalar_type()));
 #endif
-  if (!h.defined()) h = num.o.to(p.den.scalar_type()) / denom.transpose(1, 2).unsqueeze(-1);
-  auto shift_T = shift.select(2, T - 1);                                          // [B,H]
-  auto c = num.state - num.state.detach() * shift_T.unsqueeze(-1).unsqueeze(-1);
-  auto n = p.n_final - p.n_final.detach() * shift_T.unsqueeze(-1);
-  return MlstmResult{h.to(v.scalar_type()), {c, n, p.m.select(2, T - 1)}};
+  if (!h.defined()) {
+    // m's gradient through a term that is zero in value (shift = m - m.detach()): eps (1 + shift) in the
+    // denominator gives dh/dm = -h eps / denominator.
+    auto m = p.m.detach(), shift = p.m - m;
+    auto denom = torch::maximum(p.den.abs(), (-m).exp()) + eps * (shift + 1);  // [B,H,T]
+    h = num.o.to(p.den.scalar_type()) / denom.transpose(1, 2).unsqueeze(-1);
+  }
+  auto m_last = p.m.select(2, T - 1);  // [B,H]
+  auto state = StabilisedStateFunction::apply(num.state, p.n_final, m_last);
+  return MlstmResult{h.to(v.scalar_type()), {state[0], state[1], m_last}};
 }
 
 }  // namespace
