@@ -229,8 +229,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       scale_tile_rows(acc, eEnd, R, 1.f);
       product_tile<true, false>(acc, A16, L::ld, sdo, L::ld, R, Cc, R, kRowTiles);
       store_tile16(du + rows.chunked + static_cast<size_t>(t0 + 16 * R) * D + 16 * Cc, acc, D);
-#pragma unroll
-      for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
+      negate(acc);
       store_tile16(sdv + R * 16 * L::ld + Cc * 16, acc, L::ld);
     });
     __syncthreads();
@@ -280,8 +279,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {  // dw = -dV' S^T
     product_tile<false, true>(acc, A16, L::ld, sS, L::ld, R, Cc, 0, D / 16);
-#pragma unroll
-    for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
+    negate(acc);
   });
   __syncthreads();
   store_rows<D>(dw + rows.chunked, D, t0, rows.Tp, stage, L::ld32, sw, L::ld,

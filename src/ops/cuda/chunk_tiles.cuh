@@ -4,14 +4,14 @@
 // and kernels; what they have in common lies here:
 //   - 16-bit <-> fp32 conversion of single values (to_float, from_float) and of 16-byte words (Elem,
 //     unpack8, pack8, load8);
-//   - a 16x16 fp32 accumulator tile in mma.sync's register layout (Acc, zero, store_tile, load_tile) and
-//     16-bit operand tiles loaded with ldmatrix (product_tile);
+//   - a 16x16 fp32 accumulator tile in mma.sync's register layout (Acc, zero, scale_tile, negate,
+//     store_tile, load_tile) and 16-bit operand tiles loaded with ldmatrix (product_tile);
 //   - tile products (product_tile, lower_tiles_into_stage, each_tile, square_tiles, tiles_into_stage,
-//     two_tiles_into_stage, accumulate_state, update_state) over row-major tiles, and x - y tile by tile
-//     (subtract_tile16);
+//     two_tiles_into_stage, accumulate_state, update_state) over row-major tiles, the lower tiles in a
+//     chosen order (tile_order, ordered_lower_tiles), and x - y tile by tile (subtract_tile16);
 //   - the rows of one head fetched a chunk ahead into registers (RowPrefetch) and stored back with
 //     optional fp32 row sums (store_rows) or a tile at a time from its accumulator (store_tile16,
-//     store_tile16_rows);
+//     store_tile16_rows, store_zero_tile16);
 //   - the chunk's gates (fetch_gates, chunk_gates) and the row factors and causal decay mask built
 //     from them, on 16-bit rows (scale_rows, scale_rows_to) or on accumulators (scale_tile_rows,
 //     decay_tile, decayed_scores16);
@@ -127,6 +127,18 @@ __device__ __forceinline__ void zero(Acc& a) {
   for (int i = 0; i < Acc::num_elements; ++i) a.x[i] = 0.f;
 }
 
+// a *= factor.
+__device__ __forceinline__ void scale_tile(Acc& a, float factor) {
+#pragma unroll
+  for (int i = 0; i < Acc::num_elements; ++i) a.x[i] *= factor;
+}
+
+// a = -a.
+__device__ __forceinline__ void negate(Acc& a) {
+#pragma unroll
+  for (int i = 0; i < Acc::num_elements; ++i) a.x[i] = -a.x[i];
+}
+
 // The tile to / from fp32 row-major memory [16, ld] (ld even).
 __device__ __forceinline__ void store_tile(float* p, const Acc& a, int ld) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -157,6 +169,14 @@ __device__ __forceinline__ void store_tile16(E* p, const Acc& a, int ld) {
     *reinterpret_cast<uint32_t*>(r) = Elem<E>::pack(a.x[4 * h], a.x[4 * h + 1]);
     *reinterpret_cast<uint32_t*>(r + 8 * ld) = Elem<E>::pack(a.x[4 * h + 2], a.x[4 * h + 3]);
   }
+}
+
+// A 16x16 tile of zeros (16-bit, row stride ld) by one warp: the tiles above a causal square's diagonal.
+template <typename E>
+__device__ __forceinline__ void store_zero_tile16(E* p, int ld) {
+  Acc a;
+  zero(a);
+  store_tile16(p, a, ld);
 }
 
 // The tile as 16-bit values into rows row0 .. row0 + 15 of out (row stride `stride`, global memory); rows at
@@ -255,6 +275,26 @@ __device__ __forceinline__ void lower_tile(int t, int& R, int& Cc) {
   R = 0;
   while (t > R) t -= ++R;
   Cc = t;
+}
+
+// The ten tiles on and below the diagonal in a given order, ten 4-bit codes 4 R + Cc (tile t in bits 4t ..
+// 4t + 3). Warps 0 and 1 take a second tile (t = 8, 9), so an order for uneven products puts cheap tiles at
+// t = 0, 1, 8 and 9.
+constexpr uint64_t tile_order(const int (&codes)[kLowerTiles]) {
+  uint64_t x = 0;
+  for (int t = 0; t < kLowerTiles; ++t) x |= static_cast<uint64_t>(codes[t]) << (4 * t);
+  return x;
+}
+constexpr int kNaturalCodes[kLowerTiles] = {0, 4, 5, 8, 9, 10, 12, 13, 14, 15};  // lower_tile's, row by row
+constexpr uint64_t kNaturalOrder = tile_order(kNaturalCodes);
+
+// body(R, Cc) for the tiles on and below the diagonal, spread over the warps in `order` (tile_order).
+template <typename Body>
+__device__ __forceinline__ void ordered_lower_tiles(uint64_t order, Body body) {
+  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
+    const int code = static_cast<int>((order >> (4 * t)) & 15);
+    body(code / 4, code % 4);
+  }
 }
 
 // Rows t0 .. t0+C-1 of head (b, h) of x [B, T, H, D] (row stride H*D), fetched into registers as
@@ -404,11 +444,7 @@ __device__ void decayed_scores16(E* dst, int ldc, const E* X, const E* Y, int ld
         decay_tile<false>(acc, G, R, Cc, scale);
         store_tile16(dst + R * 16 * ldc + Cc * 16, acc, ldc);
       },
-      [&](int R, int Cc) {
-        Acc acc;
-        zero(acc);
-        store_tile16(dst + R * 16 * ldc + Cc * 16, acc, ldc);
-      });
+      [&](int R, int Cc) { store_zero_tile16(dst + R * 16 * ldc + Cc * 16, ldc); });
 }
 
 // dst[r, :] = x[r, :] * factor * f[r] (f: a row factor of chunk_gates), both [C, ld]; dst may be x.
@@ -432,18 +468,20 @@ __device__ void scale_rows(E* x, int ld, const float* f, float factor) {
 }
 
 // Every 16x16 tile on or below the diagonal of a [C, C] fp32 result (row stride ld32), spread over the
-// warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed Acc, which is then stored.
-// Tiles above the diagonal are not written.
+// warps in `order` (tile_order): body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed Acc,
+// which is then stored. Tiles above the diagonal are not written.
 template <typename Body>
-__device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, Body body) {
-  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
-    int R, Cc;
-    lower_tile(t, R, Cc);
+__device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, uint64_t order, Body body) {
+  ordered_lower_tiles(order, [&](int R, int Cc) {
     Acc acc;
     zero(acc);
     body(acc, R, Cc);
     store_tile(stage + R * 16 * ld32 + Cc * 16, acc, ld32);
-  }
+  });
+}
+template <typename Body>
+__device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, Body body) {
+  lower_tiles_into_stage(stage, ld32, kNaturalOrder, body);
 }
 
 // body(R, Cc) for every 16x16 tile of a [C, D] result, spread over the warps.

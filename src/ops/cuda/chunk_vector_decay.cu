@@ -206,27 +206,25 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     // dA = do v^T on and below the diagonal (zeros above), dqd = do S^T and dkd = v dS'^T (from the 16-bit
     // copy), each tile from its accumulator to global memory; da = Σ_v dS' ⊙ S (four threads a row).
-    for (int t = threadIdx.x / 32; t < 3 * kRowTiles * kRowTiles; t += kWarps) {
-      const int u = t % (kRowTiles * kRowTiles);
-      Acc acc;
-      zero(acc);
-      if (t < kRowTiles * kRowTiles) {
-        int R, Cc;
-        if (u < kLowerTiles) {
-          lower_tile(u, R, Cc);
+    // Each warp takes the same share of all three (16 tiles each).
+    E* dA_n = dA + at.square(n);
+    square_tiles(
+        0,
+        [&](int R, int Cc) {
+          Acc acc;
+          zero(acc);
           product_tile<false, true>(acc, sdo, L::ld, sv, L::ld, R, Cc, 0, kD / 16);
-        } else {  // above the diagonal: (b, a + 1) for the lower tile (a, b)
-          lower_tile(u - kLowerTiles, Cc, R);
-          ++Cc;
-        }
-        store_tile16(dA + at.square(n) + R * 16 * kC + Cc * 16, acc, kC);
-      } else {
-        const bool dk_tile = t >= 2 * kRowTiles * kRowTiles;
-        const int R = u / (kD / 16), Cc = u % (kD / 16);
+          store_tile16(dA_n + R * 16 * kC + Cc * 16, acc, kC);
+        },
+        [&](int R, int Cc) { store_zero_tile16(dA_n + R * 16 * kC + Cc * 16, kC); });
+#pragma unroll
+    for (int dk_tile = 0; dk_tile < 2; ++dk_tile)
+      each_tile<kD>([&](int R, int Cc) {
+        Acc acc;
+        zero(acc);
         product_tile<false, true>(acc, dk_tile ? sv : sdo, L::ld, dk_tile ? dS16 : sS, L::ld, R, Cc, 0, kD / 16);
         store_tile16((dk_tile ? dkd : dqd) + at.rows + static_cast<size_t>(t0 + 16 * R) * kD + 16 * Cc, acc, kD);
-      }
-    }
+      });
     {
       const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * (kD / 4);
       float part = 0.f, s[8];
@@ -249,8 +247,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       product_tile<false, false>(acc, sk, L::ld, dS16, L::ld, R, Cc, 0, kD / 16);
       store_value_tile<Delta>(dv, at, n, R, Cc, acc);
       if constexpr (Delta) {
-#pragma unroll
-        for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
+        negate(acc);
         store_tile16(sv + R * 16 * L::ld + Cc * 16, acc, L::ld);
       }
     });

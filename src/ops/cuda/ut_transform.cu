@@ -186,40 +186,12 @@ __device__ __forceinline__ void product_tile_3xtf32(Acc& acc, const float* X, co
   }
 }
 
-// The ten tiles on and below the diagonal in a given order, ten 4-bit codes 4 R + Cc (tile t in bits 4t ..
-// 4t + 3). Warps 0 and 1 take a second tile (t = 8, 9), so an order for uneven products puts cheap tiles at
-// t = 0, 1, 8 and 9.
-constexpr uint64_t tile_order(const int (&codes)[kLowerTiles]) {
-  uint64_t x = 0;
-  for (int t = 0; t < kLowerTiles; ++t) x |= static_cast<uint64_t>(codes[t]) << (4 * t);
-  return x;
-}
 // X = dT T^T takes 2 (Cc + 1) steps a tile: column 0's four tiles go to warps 0 and 1.
 constexpr int kXCodes[kLowerTiles] = {0, 4, 5, 9, 10, 13, 14, 15, 8, 12};
 constexpr uint64_t kXOrder = tile_order(kXCodes);
 // dL = -T^T X takes 8 - 2 R steps a tile: row 3's four tiles go to warps 0 and 1.
 constexpr int kLCodes[kLowerTiles] = {12, 13, 0, 4, 5, 8, 9, 10, 14, 15};
 constexpr uint64_t kLOrder = tile_order(kLCodes);
-
-// body(R, Cc) for the tiles on and below the diagonal, spread over the warps in `order` (tile_order).
-template <typename Body>
-__device__ __forceinline__ void ordered_lower_tiles(uint64_t order, Body body) {
-  for (int t = threadIdx.x / 32; t < kLowerTiles; t += kWarps) {
-    const int code = static_cast<int>((order >> (4 * t)) & 15);
-    body(code / 4, code % 4);
-  }
-}
-
-// lower_tiles_into_stage in `order`.
-template <typename Body>
-__device__ __forceinline__ void ordered_lower_tiles_into_stage(float* stage, int ld32, uint64_t order, Body body) {
-  ordered_lower_tiles(order, [&](int R, int Cc) {
-    Acc acc;
-    zero(acc);
-    body(acc, R, Cc);
-    store_tile(stage + R * 16 * ld32 + Cc * 16, acc, ld32);
-  });
-}
 
 // T = (I + L)^{-1} by 16x16 blocks, in fp32 (L is zero on and above the diagonal). With D_i = I + L_ii,
 //   T_ii = D_i^{-1}                                  (forward substitution: one thread per column, held in registers)
@@ -262,8 +234,7 @@ __device__ void unit_lower_inverse_blocks(float* T, const float* L) {
       // T_ij = -T_ii P_ij, in place (the warp holds P_ij's fragments before it stores).
       zero(acc);
       product_tile_3xtf32<false, false>(acc, T, T, ld, i, j, 2 * i, 2 * i + 2);
-#pragma unroll
-      for (int e = 0; e < acc.num_elements; ++e) acc.x[e] = -acc.x[e];
+      negate(acc);
       __syncwarp();
       store_tile(Tij, acc, ld);
     }
@@ -394,15 +365,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   // no longer needed either), lower tiles only. Below the diagonal X[i][j] = Σ_{k <= j} dT[i][k] T[j][k] and
   // dL[i][j] = -Σ_{m >= i} T[m][i] X[m][j] read strictly lower dT and X only (T is zero above its diagonal);
   // what the diagonal tiles hold above it is never used.
-  ordered_lower_tiles_into_stage(Bm, S::ld32, kXOrder, [&](Acc& acc, int R, int Cc) {
+  lower_tiles_into_stage(Bm, S::ld32, kXOrder, [&](Acc& acc, int R, int Cc) {
     product_tile_3xtf32<false, true>(acc, A, T, S::ld32, R, Cc, 0, 2 * (Cc + 1));
   });
   __syncthreads();
   if constexpr (Given) {
-    ordered_lower_tiles_into_stage(A, S::ld32, kLOrder, [&](Acc& acc, int R, int Cc) {
+    lower_tiles_into_stage(A, S::ld32, kLOrder, [&](Acc& acc, int R, int Cc) {
       product_tile_3xtf32<true, false>(acc, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
-#pragma unroll
-      for (int i = 0; i < acc.num_elements; ++i) acc.x[i] = -acc.x[i];
+      negate(acc);
     });
     __syncthreads();
     // dA = diag(beta) dL, zeros on and above the diagonal (16-bit, global); dbeta = rowsum(dL ⊙ A) so far

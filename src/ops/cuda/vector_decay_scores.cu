@@ -43,6 +43,7 @@ namespace {
 constexpr int kD = 64;     // head size
 constexpr int kSub = 16;   // rows per sub-chunk
 constexpr int kRefs = 3;   // reference rows 16, 32, 48
+constexpr size_t kDiagBytes = kRowTiles * kSub * kSub * 2;  // the four diagonal blocks, 16-bit [4, 16, 16]
 
 using Pads = Pads64;
 
@@ -51,12 +52,11 @@ using Pads = Pads64;
 // accumulators to global memory. About 64 KiB (75 with the key-key scores): three blocks per SM.
 template <bool Pair>
 struct ForwardSmem : Pads {
-  static constexpr size_t diag_bytes = kRowTiles * kSub * kSub * 2;
   static constexpr size_t q = 0, k = q + rows16, X = k + rows16, Y = X + kRefs * rows16;
-  static constexpr size_t G = Y + (Pair ? rows16 : 0), diag = G + mat32, diag_kk = diag + diag_bytes;
-  static constexpr size_t bytes = diag_kk + (Pair ? diag_bytes : 0);
+  static constexpr size_t G = Y + (Pair ? rows16 : 0), diag = G + mat32, diag_kk = diag + kDiagBytes;
+  static constexpr size_t bytes = diag_kk + (Pair ? kDiagBytes : 0);
   static_assert(3 * (bytes + 1024) <= 228 * 1024, "three blocks per SM");
-  static_assert(diag_bytes >= kRowTiles * kD * 4, "load_chunk's totals fit in the diagonal blocks' place");
+  static_assert(kDiagBytes >= kRowTiles * kD * 4, "load_chunk's totals fit in the diagonal blocks' place");
 };
 
 // The causal [64, 64] scores (row stride 64, global): zeros in the blocks above the diagonal, and the four
@@ -86,7 +86,7 @@ template <bool Pair>
 struct BackwardSmem : Pads {
   static constexpr size_t q = 0, k = q + rows16, X = k + rows16, dA = X + kRefs * rows16, G = dA + rows16;
   static constexpr size_t rows_side = G + mat32, cols_side = rows_side + mat32, diag_kk = cols_side + mat32;
-  static constexpr size_t bytes = diag_kk + (Pair ? round32(kRowTiles * kSub * kSub * 2) : 0);
+  static constexpr size_t bytes = diag_kk + (Pair ? kDiagBytes : 0);
 };
 
 // Where block (chunk n, head bh = b H + h) reads and writes: the caller's rows t0 .. t0 + 63 of head
@@ -261,8 +261,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     zero(acc);
     product_tile<false, true>(acc, keys ? Y : Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
     if (!keys) {
-#pragma unroll
-      for (int e = 0; e < Acc::num_elements; ++e) acc.x[e] *= scale;
+      scale_tile(acc, scale);
     }
     store_tile16((keys ? Akk : A) + at.square() + I * kSub * kC + J * kSub, acc, kC);
   }
@@ -323,8 +322,7 @@ __device__ void side_products(const E* sdA, const E* X, float* rows_side, float*
     zero(acc);
     if (row) product_tile<false, false>(acc, sdA, Pads::ld, ref(X, kSub * I), Pads::ld, I, Cc, 0, I);
     else product_tile<true, false>(acc, sdA, Pads::ld, ref(X, kSub * (I + 1)), Pads::ld, I, Cc, I + 1, kRowTiles);
-#pragma unroll
-    for (int e = 0; e < Acc::num_elements; ++e) acc.x[e] *= factor;
+    scale_tile(acc, factor);
     store_tile((row ? rows_side : cols_side) + I * kSub * Pads::ld32 + Cc * kSub, acc, Pads::ld32);
   }
 }
