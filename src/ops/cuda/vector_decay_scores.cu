@@ -311,9 +311,11 @@ __global__ void __launch_bounds__(kThreads, 3)
 // dA's blocks below the diagonal through the reference rows, times `factor`, 24 tiles over the warps:
 //   row side    (rows of sub-chunks 1..3)  dA_{I,<I} X_m(rows < m),           m = 16 I
 //   column side (rows of sub-chunks 0..2)  dA_{>J,J}^T X_m(rows >= m),        m = 16 (J + 1)
-// into fp32 [64, ld32] each (the rows no block reaches are not written).
+// into fp32 [64, ld32] each (the rows no block reaches are not written); with add_cols the column side is
+// added to what cols_side holds (each tile goes to the same warp in every call).
 template <typename E>
-__device__ void side_products(const E* sdA, const E* X, float* rows_side, float* cols_side, float factor) {
+__device__ void side_products(const E* sdA, const E* X, float* rows_side, float* cols_side, float factor,
+                              bool add_cols = false) {
   for (int t = threadIdx.x / 32; t < 24; t += kWarps) {
     const bool row = t < 12;
     const int R = (t % 12) / (kD / 16), Cc = (t % 12) % (kD / 16);
@@ -323,7 +325,14 @@ __device__ void side_products(const E* sdA, const E* X, float* rows_side, float*
     if (row) product_tile<false, false>(acc, sdA, Pads::ld, ref(X, kSub * I), Pads::ld, I, Cc, 0, I);
     else product_tile<true, false>(acc, sdA, Pads::ld, ref(X, kSub * (I + 1)), Pads::ld, I, Cc, I + 1, kRowTiles);
     scale_tile(acc, factor);
-    store_tile((row ? rows_side : cols_side) + I * kSub * Pads::ld32 + Cc * kSub, acc, Pads::ld32);
+    float* out = (row ? rows_side : cols_side) + I * kSub * Pads::ld32 + Cc * kSub;
+    if (!row && add_cols) {
+      Acc before;
+      load_tile(before, out, Pads::ld32);
+#pragma unroll
+      for (int e = 0; e < Acc::num_elements; ++e) acc.x[e] += before.x[e];
+    }
+    store_tile(out, acc, Pads::ld32);
   }
 }
 
@@ -366,20 +375,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   rdq.put(sdqd, S::ld), rdk.put(sdkd, S::ld);
   // Thread (I, d): the diagonal block of sub-chunk I in channel d, then its rows' results. x: the row side
-  // of q's gradient, xk of k's (dAkk's), y the column side of k's (both).
+  // of q's gradient, xk of k's (dAkk's), y the column side of k's (both). The factors exp(G[i] - G[j]) are
+  // products of the per-step factors e^{G[r] - G[r-1]} over rows j+1 .. i, as in the forward (column by
+  // column; each sum still takes its terms in the order of increasing i and j).
   const int I = threadIdx.x / kD, d = threadIdx.x % kD, r0 = I * kSub;
-  float qc[kSub], kc[kSub], gc[kSub], x[kSub], xk[kSub], y[kSub];
+  float qc[kSub], kc[kSub], gc[kSub], x[kSub], xk[kSub], y[kSub], step[kSub];
 #pragma unroll
   for (int i = 0; i < kSub; ++i) {
     qc[i] = to_float(sq[(r0 + i) * S::ld + d]), kc[i] = to_float(sk[(r0 + i) * S::ld + d]);
     gc[i] = sG[(r0 + i) * S::ld32 + d];
     x[i] = 0.f, xk[i] = 0.f, y[i] = 0.f;
+    step[i] = i > 0 ? __expf(gc[i] - gc[i - 1]) : 1.f;
   }
 #pragma unroll
-  for (int i = 0; i < kSub; ++i) {
+  for (int j = 0; j < kSub; ++j) {
+    float e = 1.f;
 #pragma unroll
-    for (int j = 0; j <= i; ++j) {
-      const float e = __expf(gc[i] - gc[j]), w = scale * to_float(sdA[(r0 + i) * S::ld + r0 + j]) * e;
+    for (int i = j; i < kSub; ++i) {
+      if (i > j) e *= step[i];
+      const float w = scale * to_float(sdA[(r0 + i) * S::ld + r0 + j]) * e;
       x[i] += w * kc[j];
       y[j] += w * qc[i];
       if constexpr (Pair) {
@@ -393,16 +407,17 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float g_after = I < kRowTiles - 1 ? sG[(r0 + kSub) * S::ld32 + d] : 0.f;  // reference of the column side
   const float g_start = sG[r0 * S::ld32 + d];                                      // reference of the row side
   const float g_last = sG[(kC - 1) * S::ld32 + d];
-  // The products back to each row by the reference's factor.
-  auto add_sides = [&](float(&rows)[kSub]) {
+  // The products back to each row by the reference's factor: the row side into `rows`, and with `cols` the
+  // column side into y (with the key-key scores the second pass adds both passes' column sides at once).
+  auto add_sides = [&](float(&rows)[kSub], bool cols) {
 #pragma unroll
     for (int i = 0; i < kSub; ++i) {
       const int r = r0 + i;
       if (I > 0) rows[i] += P1[r * S::ld32 + d] * __expf(gc[i] - g_start);
-      if (I < kRowTiles - 1) y[i] += P2[r * S::ld32 + d] * __expf(g_after - gc[i]);
+      if (cols && I < kRowTiles - 1) y[i] += P2[r * S::ld32 + d] * __expf(g_after - gc[i]);
     }
   };
-  add_sides(x);
+  add_sides(x, !Pair);
   float kd_dkd = 0.f;  // Σ over this thread's rows of kd ⊙ dkd
   float dG[kSub];
 #pragma unroll
@@ -425,11 +440,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     rA.put(sdA, S::ld);
     __syncthreads();
-    side_products(sdA, X, P1, P2, 1.f);
+    side_products(sdA, X, P1, P2, 1.f, /*add_cols=*/true);
     __syncthreads();
     rdek.put(sdqd, S::ld);
     __syncthreads();
-    add_sides(xk);
+    add_sides(xk, true);
 #pragma unroll
     for (int i = 0; i < kSub; ++i) xk[i] += __expf(gc[i]) * to_float(sdqd[(r0 + i) * S::ld + d]);
   }
