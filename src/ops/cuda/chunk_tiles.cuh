@@ -171,6 +171,19 @@ __device__ __forceinline__ void store_tile16(E* p, const Acc& a, int ld) {
   }
 }
 
+// The tile from 16-bit values (row stride ld; global or shared memory).
+template <typename E>
+__device__ __forceinline__ void load_tile16(Acc& a, const E* p, int ld) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const E* r = p + g * ld + 8 * h + 2 * t;
+    const float2 top = Elem<E>::unpack(*reinterpret_cast<const uint32_t*>(r));
+    const float2 bottom = Elem<E>::unpack(*reinterpret_cast<const uint32_t*>(r + 8 * ld));
+    a.x[4 * h] = top.x, a.x[4 * h + 1] = top.y, a.x[4 * h + 2] = bottom.x, a.x[4 * h + 3] = bottom.y;
+  }
+}
+
 // A 16x16 tile of zeros (16-bit, row stride ld) by one warp: the tiles above a causal square's diagonal.
 template <typename E>
 __device__ __forceinline__ void store_zero_tile16(E* p, int ld) {
@@ -397,6 +410,21 @@ __device__ __forceinline__ void decay_tile(Acc& a, const float* G, int R, int Cc
         float& x = a.x[4 * h + 2 * r + c];
         x = (Strict ? j < i : j <= i) ? x * si[r] * __expf(Gi[r] - Gj) : 0.f;
       }
+    }
+  }
+}
+
+// Zeros on and above the diagonal of tile (R, Cc) of a [C, C] result: only a diagonal tile changes.
+__device__ __forceinline__ void strictly_lower(Acc& a, int R, int Cc) {
+  if (R != Cc) return;
+  const int i = (threadIdx.x % 32) / 4, j0 = 2 * (threadIdx.x % 4);  // within the tile
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int j = j0 + 8 * h + c;
+      if (j >= i) a.x[4 * h + c] = 0.f;
+      if (j >= i + 8) a.x[4 * h + 2 + c] = 0.f;
     }
   }
 }

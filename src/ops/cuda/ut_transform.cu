@@ -292,27 +292,37 @@ __device__ __forceinline__ float row_sum(float part) {
   return part;
 }
 
-// Row and column sums of x ⊙ y over one tile (row tile R, column tile Cc) of a [C, C] result:
-// rows[Cc * C + i] for the tile's rows i and cols[R * C + j] for its columns j.
-__device__ __forceinline__ void tile_sums(const Acc& x, const Acc& y, int R, int Cc, float* rows, float* cols) {
+// Row sums of x ⊙ y over one tile (row tile R, column tile Cc) of a [C, C] result: rows[Cc * C + i] for
+// the tile's rows i.
+__device__ __forceinline__ void tile_row_sums(const Acc& x, const Acc& y, int R, int Cc, float* rows) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   float m[Acc::num_elements];
 #pragma unroll
   for (int e = 0; e < Acc::num_elements; ++e) m[e] = x.x[e] * y.x[e];
   // Acc's layout: rows g (elements 0, 1, 4, 5) and g + 8 (2, 3, 6, 7); columns 2t, 2t + 1, 8 + 2t, 9 + 2t.
   float top = (m[0] + m[1]) + (m[4] + m[5]), bottom = (m[2] + m[3]) + (m[6] + m[7]);
-  float c[4] = {m[0] + m[2], m[1] + m[3], m[4] + m[6], m[5] + m[7]};
 #pragma unroll
   for (int off = 1; off < 4; off <<= 1) {
     top += __shfl_xor_sync(0xffffffffu, top, off);
     bottom += __shfl_xor_sync(0xffffffffu, bottom, off);
   }
+  if (t == 0) rows[Cc * kC + 16 * R + g] = top, rows[Cc * kC + 16 * R + g + 8] = bottom;
+}
+
+// Row and column sums of x ⊙ y over one tile: the rows as tile_row_sums, and cols[R * C + j] for its
+// columns j.
+__device__ __forceinline__ void tile_sums(const Acc& x, const Acc& y, int R, int Cc, float* rows, float* cols) {
+  tile_row_sums(x, y, R, Cc, rows);
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  float m[Acc::num_elements];
+#pragma unroll
+  for (int e = 0; e < Acc::num_elements; ++e) m[e] = x.x[e] * y.x[e];
+  float c[4] = {m[0] + m[2], m[1] + m[3], m[4] + m[6], m[5] + m[7]};
 #pragma unroll
   for (int off = 4; off < 32; off <<= 1) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[i] += __shfl_xor_sync(0xffffffffu, c[i], off);
   }
-  if (t == 0) rows[Cc * kC + 16 * R + g] = top, rows[Cc * kC + 16 * R + g + 8] = bottom;
   if (g == 0) {
     float* at = cols + R * kC + 16 * Cc + 2 * t;
     at[0] = c[0], at[1] = c[1], at[8] = c[2], at[9] = c[3];
@@ -370,33 +380,34 @@ __global__ void __launch_bounds__(kThreads, 2)
   });
   __syncthreads();
   if constexpr (Given) {
-    lower_tiles_into_stage(A, S::ld32, kLOrder, [&](Acc& acc, int R, int Cc) {
-      product_tile_3xtf32<true, false>(acc, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
-      negate(acc);
+    // dL = -T^T X tile by tile, strictly lower, then in registers dA = diag(beta) dL to global memory (16-bit)
+    // and the row sums of dL ⊙ A (the given scores) into per-tile parts; warps 2 .. 7, which take one
+    // tile each, also write dA's six zero tiles above the diagonal.
+    E* dA = d_scores + at.inverse;
+    ordered_lower_tiles(kLOrder, [&](int R, int Cc) {
+      Acc dl, a;
+      zero(dl);
+      product_tile_3xtf32<true, false>(dl, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
+      negate(dl);
+      strictly_lower(dl, R, Cc);
+      load_tile16(a, scores + at.inverse + R * 16 * kC + Cc * 16, kC);
+      tile_row_sums(dl, a, R, Cc, row_parts);
+      scale_tile_rows(dl, sb, R, 1.f);
+      store_tile16(dA + R * 16 * kC + Cc * 16, dl, kC);
     });
+    static_assert(kWarps - 2 == kRowTiles * kRowTiles - kLowerTiles, "one zero tile for each of warps 2 .. 7");
+    if (const int u = threadIdx.x / 32 - 2; u >= 0) {  // the upper tile (b, a + 1) for lower tile u = (a, b)
+      int R, Cc;
+      lower_tile(u, Cc, R);
+      store_zero_tile16(dA + R * 16 * kC + (Cc + 1) * 16, kC);
+    }
     __syncthreads();
-    // dA = diag(beta) dL, zeros on and above the diagonal (16-bit, global); dbeta = rowsum(dL ⊙ A) so far
-    // (four threads a row); then dKg = T^T dW into Bm.
-    {
-      const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * (kC / 4);
-      const E* a_row = scores + at.inverse + r * kC;
-      E* d_row = d_scores + at.inverse + r * kC;
-      float part = 0.f;
-#pragma unroll
-      for (int c = c0; c < c0 + kC / 4; c += 8) {
-        float a[8], d[8];
-        unpack8<E>(*reinterpret_cast<const uint4*>(a_row + c), a);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          d[j] = c + j < r ? A[r * S::ld32 + c + j] : 0.f;
-          part += d[j] * a[j];
-          d[j] *= sb[r];
-        }
-        *reinterpret_cast<uint4*>(d_row + c) = pack8<E>(d);
-      }
-      part += __shfl_xor_sync(0xffffffffu, part, 1);
-      part += __shfl_xor_sync(0xffffffffu, part, 2);
-      if (threadIdx.x % 4 == 0) sdbeta[r] = part;
+    // dbeta = the row sums so far, added up in a fixed order; dKg = T^T dW into Bm.
+    if (threadIdx.x < kC) {
+      const int r = threadIdx.x;
+      float sum = 0.f;
+      for (int c = 0; c <= r / 16; ++c) sum += row_parts[c * kC + r];
+      sdbeta[r] = sum;
     }
     tiles_into_stage<kD>(Bm, S::ld32, [&](Acc& acc, int R, int Cc) {
       product_tile<true, false>(acc, T16, S::ld, sdw, S::ld, R, Cc, R, kRowTiles);
