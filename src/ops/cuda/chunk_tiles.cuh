@@ -208,8 +208,8 @@ __device__ __forceinline__ void store_tile16_rows(E* __restrict__ out, size_t st
   }
 }
 
-// x = x - a in place over one tile of 16-bit row-major memory [16, ld] (ld even), rounded once: subtract_rows
-// on one tile, straight from the accumulator.
+// x = x - a in place over one tile of 16-bit row-major memory [16, ld] (ld even), straight from the
+// accumulator and rounded once.
 template <typename E>
 __device__ __forceinline__ void subtract_tile16(E* p, const Acc& a, int ld) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -288,6 +288,13 @@ __device__ __forceinline__ void lower_tile(int t, int& R, int& Cc) {
   R = 0;
   while (t > R) t -= ++R;
   Cc = t;
+}
+
+// Upper tile number u of a [C, C] result (of the kRowTiles^2 - kLowerTiles above the diagonal): (b, a + 1)
+// for lower tile u = (a, b).
+__device__ __forceinline__ void upper_tile(int u, int& R, int& Cc) {
+  lower_tile(u, Cc, R);
+  ++Cc;
 }
 
 // The ten tiles on and below the diagonal in a given order, ten 4-bit codes 4 R + Cc (tile t in bits 4t ..
@@ -451,8 +458,8 @@ __device__ __forceinline__ void square_tiles(int shift, Lower lower, Upper upper
       lower_tile(t, R, Cc);
       lower(R, Cc);
     } else {
-      lower_tile(t - kLowerTiles, Cc, R);
-      upper(R, Cc + 1);
+      upper_tile(t - kLowerTiles, R, Cc);
+      upper(R, Cc);
     }
   }
 }
@@ -581,8 +588,7 @@ struct RegisterState {
   __device__ void update(float decay, Body body) {
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
-#pragma unroll
-      for (int e = 0; e < Acc::num_elements; ++e) tile[i].x[e] *= decay;
+      scale_tile(tile[i], decay);
       body(tile[i], row_tile(i), col_tile(i));
     }
   }
@@ -597,12 +603,8 @@ __device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay
     const int R = t / (V / 16), Cc = t % (V / 16);
     Acc acc;
     load_tile(acc, S + R * 16 * ld32 + Cc * 16, ld32);
-    if (row_decay != nullptr) {
-      scale_tile_rows(acc, row_decay, R, decay);
-    } else {
-#pragma unroll
-      for (int i = 0; i < acc.num_elements; ++i) acc.x[i] *= decay;
-    }
+    if (row_decay != nullptr) scale_tile_rows(acc, row_decay, R, decay);
+    else scale_tile(acc, decay);
     body(acc, R, Cc);
     store_tile(S + R * 16 * ld32 + Cc * 16, acc, ld32);
   }

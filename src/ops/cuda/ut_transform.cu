@@ -292,13 +292,10 @@ __device__ __forceinline__ float row_sum(float part) {
   return part;
 }
 
-// Row sums of x ⊙ y over one tile (row tile R, column tile Cc) of a [C, C] result: rows[Cc * C + i] for
-// the tile's rows i.
-__device__ __forceinline__ void tile_row_sums(const Acc& x, const Acc& y, int R, int Cc, float* rows) {
+// Row sums over one tile (row tile R, column tile Cc) of a [C, C] result, given in m in Acc's layout:
+// rows[Cc * C + i] for the tile's rows i.
+__device__ __forceinline__ void row_sums_of(const float (&m)[Acc::num_elements], int R, int Cc, float* rows) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  float m[Acc::num_elements];
-#pragma unroll
-  for (int e = 0; e < Acc::num_elements; ++e) m[e] = x.x[e] * y.x[e];
   // Acc's layout: rows g (elements 0, 1, 4, 5) and g + 8 (2, 3, 6, 7); columns 2t, 2t + 1, 8 + 2t, 9 + 2t.
   float top = (m[0] + m[1]) + (m[4] + m[5]), bottom = (m[2] + m[3]) + (m[6] + m[7]);
 #pragma unroll
@@ -309,14 +306,22 @@ __device__ __forceinline__ void tile_row_sums(const Acc& x, const Acc& y, int R,
   if (t == 0) rows[Cc * kC + 16 * R + g] = top, rows[Cc * kC + 16 * R + g + 8] = bottom;
 }
 
-// Row and column sums of x ⊙ y over one tile: the rows as tile_row_sums, and cols[R * C + j] for its
+// Row sums of x ⊙ y over one tile into rows, as row_sums_of.
+__device__ __forceinline__ void tile_row_sums(const Acc& x, const Acc& y, int R, int Cc, float* rows) {
+  float m[Acc::num_elements];
+#pragma unroll
+  for (int e = 0; e < Acc::num_elements; ++e) m[e] = x.x[e] * y.x[e];
+  row_sums_of(m, R, Cc, rows);
+}
+
+// Row and column sums of x ⊙ y over one tile: the rows as row_sums_of, and cols[R * C + j] for its
 // columns j.
 __device__ __forceinline__ void tile_sums(const Acc& x, const Acc& y, int R, int Cc, float* rows, float* cols) {
-  tile_row_sums(x, y, R, Cc, rows);
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   float m[Acc::num_elements];
 #pragma unroll
   for (int e = 0; e < Acc::num_elements; ++e) m[e] = x.x[e] * y.x[e];
+  row_sums_of(m, R, Cc, rows);
   float c[4] = {m[0] + m[2], m[1] + m[3], m[4] + m[6], m[5] + m[7]};
 #pragma unroll
   for (int off = 4; off < 32; off <<= 1) {
@@ -396,10 +401,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       store_tile16(dA + R * 16 * kC + Cc * 16, dl, kC);
     });
     static_assert(kWarps - 2 == kRowTiles * kRowTiles - kLowerTiles, "one zero tile for each of warps 2 .. 7");
-    if (const int u = threadIdx.x / 32 - 2; u >= 0) {  // the upper tile (b, a + 1) for lower tile u = (a, b)
+    if (const int u = threadIdx.x / 32 - 2; u >= 0) {
       int R, Cc;
-      lower_tile(u, Cc, R);
-      store_zero_tile16(dA + R * 16 * kC + (Cc + 1) * 16, kC);
+      upper_tile(u, R, Cc);
+      store_zero_tile16(dA + R * 16 * kC + Cc * 16, kC);
     }
     __syncthreads();
     // dbeta = the row sums so far, added up in a fixed order; dKg = T^T dW into Bm.

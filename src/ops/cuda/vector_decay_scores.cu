@@ -9,9 +9,9 @@
 // m = 16 I, where both factors stay <= 1:
 //   X_m[r, d] = k[r, d] exp(G[m, d] - G[r, d])  for r < m,   q[r, d] exp(G[r, d] - G[m, d])  for r >= m
 //   A_IJ = scale X_m(rows of I) X_m(rows of J)^T,   m = 16 I
-// (Akk the same with k in place of q from row m on). The four diagonal blocks are fp32 sums; the forward
-// takes their factors exp(G[i, d] - G[j, d]) as products of the per-step decays exp(G[r, d] - G[r-1, d])
-// <= 1 over rows j+1 .. i, the backward one by one.
+// (Akk the same with k in place of q from row m on). The four diagonal blocks are fp32 sums; both ways
+// take their factors exp(G[i, d] - G[j, d]) as products of the per-step decays exp(G[r, d] - G[r-1, d])
+// <= 1 over rows j+1 .. i.
 // Backward, given dA (16-bit):
 //   dq_I = scale (exp(G_I - G_m) ⊙ dA_{I,<I} X_m(rows < m)) + the diagonal part,     m = 16 I
 //   dk_J = scale (exp(G_m - G_J) ⊙ dA_{>J,J}^T X_m(rows >= m)) + the diagonal part,  m = 16 (J + 1)
@@ -139,7 +139,6 @@ __device__ void load_chunk(E* sq, E* sk, float* sG, float* totals, const E* __re
   for (int i = 0; i < kSub; ++i) sG[(r0 + i) * Pads::ld32 + d] += before;
 }
 
-
 // X_m (m = 16, 32, 48) within X, the three side by side.
 template <typename E>
 __device__ __forceinline__ E* ref(E* X, int m) {
@@ -260,9 +259,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     Acc acc;
     zero(acc);
     product_tile<false, true>(acc, keys ? Y : Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
-    if (!keys) {
-      scale_tile(acc, scale);
-    }
+    if (!keys) scale_tile(acc, scale);
     store_tile16((keys ? Akk : A) + at.square() + I * kSub * kC + J * kSub, acc, kC);
   }
   // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; below, sG holds them from
@@ -477,7 +474,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (at.live(r0 + i)) dg[at.row(r0 + i) + d] = run;
   }
 }
-
 
 // x must have these sizes and dtype and be contiguous.
 void check_rows(const torch::Tensor& x, torch::IntArrayRef sizes, torch::ScalarType dt, const char* name) {
