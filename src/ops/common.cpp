@@ -9,6 +9,7 @@
 // factor is taken pairwise (detail::diagonal_block_scores).
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 #include <vector>
 
 #include "compat/torch_compat.h"
@@ -16,7 +17,7 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
@@ -165,7 +166,7 @@ torch::Tensor gated_scores(const torch::Tensor& X, const torch::Tensor& Y, const
 
 std::optional<torch::ScalarType> fused_chunk_dtype(const torch::Tensor& q, const torch::Tensor& k,
                                                    const torch::Tensor& v, int64_t chunk) {
-  if (!fused_kernels_enabled() || !q.is_cuda() || chunk != 64) return std::nullopt;
+  if (!fused_kernels_enabled() || !on_kernel_device(q) || chunk != 64) return std::nullopt;
   if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type()) return std::nullopt;
   auto dt = q.scalar_type();
   if (low_precision(dt)) return dt;
@@ -190,8 +191,8 @@ torch::Tensor kernel_state(const torch::Tensor& h0, const torch::TensorOptions& 
 
 torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k, const torch::Tensor& dot_w,
                                   int64_t chunk, const torch::Tensor& d_final, const torch::Tensor& final_state) {
-#ifdef LINEARIZE_WITH_CUDA
-  if (dot_q.is_cuda() && cuda_kernels::decay_gradient_supported(chunk))
+#ifdef LINEARIZE_WITH_KERNELS
+  if (on_kernel_device(dot_q) && cuda_kernels::decay_gradient_supported(chunk))
     return cuda_kernels::decay_gradient(dot_q, dot_k, dot_w, chunk, d_final, final_state);
 #endif
   auto db = dot_q - dot_k;                                               // [B,H,T]
@@ -209,8 +210,8 @@ torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tenso
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                           const torch::Tensor& h0, double scale) {
-#ifdef LINEARIZE_WITH_CUDA
-  if (!fused_kernels_enabled() || !q.is_cuda() || q.size(1) != 1 || v.scalar_type() == torch::kDouble) return std::nullopt;
+#ifdef LINEARIZE_WITH_KERNELS
+  if (!fused_kernels_enabled() || !on_kernel_device(q) || q.size(1) != 1 || v.scalar_type() == torch::kDouble) return std::nullopt;
   // The kernel has no backward: a step that autograd must see runs as libtorch ops.
   if (torch::GradMode::is_enabled())
     for (const auto* t : {&q, &k, &v, &beta, &g, &h0})
@@ -233,16 +234,33 @@ std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::T
 
 namespace {
 bool g_fused = true;
-}
+bool g_emulation = false;
+}  // namespace
 
 void set_fused_kernels(bool on) { g_fused = on; }
 
 bool fused_kernels_enabled() {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   return g_fused;
 #else
   return false;
 #endif
 }
+
+bool kernel_emulation_available() {
+#ifdef LINEARIZE_CUDA_EMULATION
+  return true;
+#else
+  return false;
+#endif
+}
+
+void set_kernel_emulation(bool on) {
+  if (on && !kernel_emulation_available())
+    throw std::runtime_error("kernel emulation: this build has no emulator (it is compiled where the CUDA kernels are not)");
+  g_emulation = on;
+}
+
+bool on_kernel_device(const torch::Tensor& t) { return t.is_cuda() || (g_emulation && t.is_cpu()); }
 
 }  // namespace linearize::ops

@@ -7,7 +7,7 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
@@ -27,7 +27,7 @@ std::vector<torch::Tensor> diagonal_scores_libtorch(const std::vector<torch::Ten
   return out;
 }
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -51,8 +51,8 @@ struct DiagonalScoresFunction : public torch::autograd::Function<DiagonalScoresF
 
 std::vector<torch::Tensor> diagonal_block_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
                                                  const torch::Tensor& G, bool strict) {
-#ifdef LINEARIZE_WITH_CUDA
-  if (fused_kernels_enabled() && Y.is_cuda() && G.scalar_type() == torch::kFloat && Y.size(-2) == 16) {
+#ifdef LINEARIZE_WITH_KERNELS
+  if (fused_kernels_enabled() && on_kernel_device(Y) && G.scalar_type() == torch::kFloat && Y.size(-2) == 16) {
     auto Yc = Y.to(torch::kFloat).contiguous(), Gc = G.contiguous();
     std::vector<torch::Tensor> out;
     for (const auto& X : Xs) out.push_back(DiagonalScoresFunction::apply(X.to(torch::kFloat).contiguous(), Yc, Gc, strict));

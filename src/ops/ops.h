@@ -56,11 +56,18 @@ MlstmResult mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const to
                         const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
                         double scale, double eps = 1e-6, int64_t chunk = 64);
 
-// Fused CUDA kernels (GPU build only; see ops/cuda/): a T = 1 call of gla_recurrent or
-// delta_rule_recurrent on CUDA runs as one kernel launch. On by default where compiled; turning them
+// Fused CUDA kernels (see ops/cuda/): the chunked forms and a T = 1 call of gla_recurrent or
+// delta_rule_recurrent on CUDA run as a few kernel launches. On by default where compiled; turning them
 // off runs the libtorch form (tests and benchmarks compare the two).
 void set_fused_kernels(bool on);
-bool fused_kernels_enabled();  // compiled in and on
+bool fused_kernels_enabled();  // compiled in (for CUDA or the emulator) and on
+// The CPU build compiles the same kernels for a SIMT emulator (ops/cuda/emulation/simt.h), so that tests
+// can check them on a machine without a GPU: while emulation is on, the kernels take CPU tensors (slowly).
+// Off by default; set_kernel_emulation(true) throws in a build without the emulator.
+bool kernel_emulation_available();
+void set_kernel_emulation(bool on);
+// Whether the fused kernels take t: a CUDA tensor, or a CPU one while emulation is on.
+bool on_kernel_device(const torch::Tensor& t);
 
 // L2 normalisation over the last dim in fp32: x / sqrt(sum x^2 + eps), returned in x's dtype.
 torch::Tensor l2_norm(const torch::Tensor& x, double eps = 1e-6);

@@ -6,7 +6,7 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
@@ -49,7 +49,7 @@ StatePass state_pass_libtorch(const torch::Tensor& W, const torch::Tensor& U, co
   return {torch::stack(states, 2), delta ? torch::stack(writes, 2) : torch::Tensor(), S};
 }
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -114,8 +114,8 @@ struct StatePassFunction : public torch::autograd::Function<StatePassFunction> {
 
 StatePass state_pass(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
                      const torch::Tensor& D, const torch::Tensor& S0) {
-#ifdef LINEARIZE_WITH_CUDA
-  if (fused_kernels_enabled() && U.is_cuda() && U.scalar_type() != torch::kDouble) {
+#ifdef LINEARIZE_WITH_KERNELS
+  if (fused_kernels_enabled() && on_kernel_device(U) && U.scalar_type() != torch::kDouble) {
     const int64_t B = U.size(0), H = U.size(1), N = U.size(2), K = KdT.size(3);
     // The kernels work in fp32 (under autocast the products feeding them may be bf16); D arrives as
     // [B,H,N,K,1] (vector gate) or [B,H,N,1,1] (scalar or fixed gate) and goes in per key channel.

@@ -7,7 +7,7 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
@@ -15,7 +15,7 @@ namespace linearize::ops::detail {
 
 namespace {
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -36,8 +36,8 @@ struct UnitLowerInverseFunction : public torch::autograd::Function<UnitLowerInve
 }  // namespace
 
 torch::Tensor solve_unit_lower(const torch::Tensor& L, const torch::Tensor& R) {
-#ifdef LINEARIZE_WITH_CUDA
-  if (fused_kernels_enabled() && L.is_cuda() && L.scalar_type() != torch::kDouble &&
+#ifdef LINEARIZE_WITH_KERNELS
+  if (fused_kernels_enabled() && on_kernel_device(L) && L.scalar_type() != torch::kDouble &&
       L.size(-1) <= cuda_kernels::kMaxInverseSize)
     return UnitLowerInverseFunction::apply(L.to(torch::kFloat)).matmul(R);
 #endif

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                               float* __restrict__ final_state, E* __restrict__ states, Shape p) {
   using L = WalkForwardLayout;
   constexpr int D = kHead;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *su = view<E>(smem, L::u);
   E* S16 = view<E>(smem, L::state16);
   float *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                         E* __restrict__ scores, Shape p) {
   using L = OutputLayout;
   constexpr int D = kHead;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v);
   E *S16 = view<E>(smem, L::state16), *A16 = view<E>(smem, L::scores);
   float *stage = view<float>(smem, L::stage), *G = view<float>(smem, L::gate), *eG = G + kC;
@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                float* __restrict__ d_initial, Shape p) {
   using L = WalkBackwardLayout;
   constexpr int D = kHead;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *sdo = view<E>(smem, L::dout);
   E *sdv = view<E>(smem, L::dv), *dS16 = view<E>(smem, L::dstate16), *A16 = view<E>(smem, L::scores);
   float *G = view<float>(smem, L::gate), *eG = G + kC, *eEnd = G + 2 * kC;
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                            float* __restrict__ dot_k, float* __restrict__ dot_w, Shape p) {
   using L = RowGradsLayout;
   constexpr int D = kHead;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sw = view<E>(smem, L::w), *sv = view<E>(smem, L::v);
   E *sdo = view<E>(smem, L::dout), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
   E* A16 = view<E>(smem, L::scores);  // dV' first, then dA

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
                          const float* __restrict__ g, const float* __restrict__ h0, E* __restrict__ o,
                          float* __restrict__ final_state, Shape p) {
   using L = Layout<K, V>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   const BlockView<K, V, E> blk(smem, p);
   E *sq = blk.q, *sk = blk.k, *sv = blk.v, *S16 = blk.S16, *A16 = blk.A16, *ku = blk.dA16;
   float *S = blk.S, *stage = blk.stage, *G = blk.G, *eG = blk.eG, *eEnd = blk.eEnd;
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm<K>)
                           E* __restrict__ dv, float* __restrict__ d_initial, float* __restrict__ dot_q,
                           float* __restrict__ dot_k, Shape p) {
   using L = Layout<K, V>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   const BlockView<K, V, E> blk(smem, p);
   E *sq = blk.q, *sk = blk.k, *sv = blk.v, *sdo = blk.dout, *S16 = blk.S16, *A16 = blk.A16, *dA16 = blk.dA16;
   float *S = blk.S, *stage = blk.stage, *G = blk.G, *eG = blk.eG, *eEnd = blk.eEnd;

@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ops/cuda/shared_memory.cuh"
+
 namespace linearize::ops::cuda_kernels {
 namespace {
 
@@ -234,6 +236,9 @@ __device__ __forceinline__ const E* tile(const E* m, int ld, int r16, int c16) {
 // and 2 (l % 4) + 1 of column l / 4.
 template <bool Trans>
 __device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* row) {
+#ifdef LINEARIZE_CUDA_EMULATION
+  linearize::simt::load_matrices_x4(r, row, Trans);
+#else
   const auto at = static_cast<unsigned>(__cvta_generic_to_shared(row));
   if constexpr (Trans)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -243,11 +248,15 @@ __device__ __forceinline__ void load_matrices(uint32_t (&r)[4], const void* row)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(at));
+#endif
 }
 
 // d += a b for one 16x8 half of an Acc: a a 16x16 row-major operand, b a 16x8 column-major one.
 template <typename E>
 __device__ __forceinline__ void mma_16x8x16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef LINEARIZE_CUDA_EMULATION
+  linearize::simt::mma_m16n8k16(d, a, b0, b1, std::is_same_v<E, __half>);
+#else
   if constexpr (std::is_same_v<E, __half>)
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
@@ -258,6 +267,7 @@ __device__ __forceinline__ void mma_16x8x16(float* d, const uint32_t (&a)[4], ui
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // acc += Σ_{s = s0}^{s1-1} X(R, s) Y(s, Cc) over 16x16 tiles, X row-major [., ldx] (or its transpose when

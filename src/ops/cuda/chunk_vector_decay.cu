@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                const float* __restrict__ h0, E* __restrict__ o, float* __restrict__ final_state,
                                E* __restrict__ states, int N, int T, int H) {
   using L = ForwardLayout<Delta>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sA = view<E>(smem, L::A);
   E *S16 = view<E>(smem, L::state16), *sw = view<E>(smem, L::w);
   float *S = view<float>(smem, L::state), *decay = view<float>(smem, L::decay);
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                 E* __restrict__ dv, E* __restrict__ dw, E* __restrict__ dA, float* __restrict__ da,
                                 float* __restrict__ d_initial, int N, int T, int H) {
   using L = BackwardLayout<Delta>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sdo = view<E>(smem, L::dout);
   E *sA = view<E>(smem, L::A), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
   E* sw = view<E>(smem, L::w);

@@ -12,6 +12,7 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/shared_memory.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
@@ -23,7 +24,7 @@ constexpr int kBackwardThreads = 128;
 __global__ void diagonal_scores_forward_kernel(const float* __restrict__ X, const float* __restrict__ Y,
                                                const float* __restrict__ G, float* __restrict__ out, int K,
                                                bool strict) {
-  extern __shared__ float shared[];
+  LINEARIZE_DYNAMIC_SHARED(float, shared);
   const int stride = K + 1;
   float* Xs = shared;
   float* Ys = Xs + kSub * stride;

@@ -1,5 +1,6 @@
-// Fused CUDA kernels of the op families, compiled only in the GPU build (LINEARIZE_WITH_CUDA).
-// Callers go through ops.h; ops/common.cpp decides when a kernel applies.
+// Fused CUDA kernels of the op families, compiled in the GPU build (LINEARIZE_WITH_CUDA) and, for the CPU
+// build's tests, as C++ for the SIMT emulator (LINEARIZE_CUDA_EMULATION, ops/cuda/emulation/simt.h); both
+// define LINEARIZE_WITH_KERNELS. Callers go through ops.h; ops/common.cpp decides when a kernel applies.
 #pragma once
 #include <torch/torch.h>
 

@@ -17,19 +17,26 @@ inline const float* ptr_or_null(const torch::Tensor& t) { return t.defined() ? t
 inline float* out_or_null(const torch::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
 
 // A kernel that asks for more than the default 48 KiB of dynamic shared memory must say so first.
+// The emulated build (emulation/simt.h) runs the grid on the CPU, and has no such limit.
 template <typename Kernel>
 void allow_dynamic_smem(Kernel kernel, size_t bytes) {
+#ifndef LINEARIZE_CUDA_EMULATION
   if (bytes > 48 * 1024)
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+#endif
 }
 
 // kernel<<<grid, block, smem>>>(args...) on the current stream, after allowing the shared memory it asks
 // for; a failed launch throws.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
+#ifdef LINEARIZE_CUDA_EMULATION
+  linearize::simt::launch(grid, block, smem, [&] { kernel(args...); });
+#else
   allow_dynamic_smem(kernel, smem);
   kernel<<<grid, block, smem, at::cuda::getCurrentCUDAStream()>>>(std::forward<Args>(args)...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+#endif
 }
 
 // Calls fn with a value of the kernels' element type for dt: __nv_bfloat16 for bf16, __half otherwise

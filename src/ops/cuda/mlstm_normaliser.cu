@@ -317,7 +317,7 @@ template <typename In, int K, bool Reverse>
 __global__ void __launch_bounds__(K) segment_walk_kernel(const In* __restrict__ y, const float* __restrict__ g,
                                                          const float* __restrict__ bcoef, float b_scale,
                                                          float* __restrict__ out, int T, int H, int seg_tiles, int S) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(16, unsigned char, smem);
   In* sy = reinterpret_cast<In*>(smem);
   __shared__ float decay[kTile], coef[kTile];
   const Segment seg = segment_of(S, seg_tiles, T);
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
     Lo* __restrict__ kp, float* __restrict__ den, float* __restrict__ n_final, float* __restrict__ entering, int T,
     int H, int seg_tiles, int S, float scale) {
   using L = Smem<In, Lo, K>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(16, unsigned char, smem);
   auto prod = reinterpret_cast<float(*)[K + 1]>(smem);  // n_t[c] q_t[c]
   In* sq = reinterpret_cast<In*>(smem + L::sums);
   In* sk = sq + kTile * K;
@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
     In* __restrict__ dq, In* __restrict__ dk, float* __restrict__ dg_n, float* __restrict__ dlogw,
     float* __restrict__ d_n0, int T, int H, int seg_tiles, int S, float scale) {
   using L = Smem<In, Lo, K>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(16, unsigned char, smem);
   auto nrow = reinterpret_cast<float(*)[K + 1]>(smem);           // n_t, then e^{g_t} n_{t-1}[c] λ_t[c]
   auto kprod = reinterpret_cast<float(*)[K + 1]>(smem + L::sums);  // dk'_t[c] k'_t[c]
   In* sq = reinterpret_cast<In*>(smem + 2 * L::sums);

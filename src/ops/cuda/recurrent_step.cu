@@ -10,6 +10,7 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/shared_memory.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
@@ -21,7 +22,7 @@ __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restri
                                       const float* __restrict__ g, int gate_mode, const float* __restrict__ beta,
                                       const float* __restrict__ S, float* __restrict__ S_new, T* __restrict__ o,
                                       int H, int K, int V, float scale) {
-  extern __shared__ float shared[];
+  LINEARIZE_DYNAMIC_SHARED(float, shared);
   float* qs = shared;          // [K] scale * q
   float* ks = shared + K;      // [K]
   float* decay = shared + 2 * K;  // [K] exp(g)

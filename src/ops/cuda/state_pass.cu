@@ -16,6 +16,7 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/shared_memory.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
@@ -94,7 +95,7 @@ __global__ void delta_pass_forward_kernel(const float* __restrict__ W, const flo
                                           const float* __restrict__ S0, float* __restrict__ Sn,
                                           float* __restrict__ Vnew, float* __restrict__ S_final, int N, int C,
                                           int K, int V) {
-  extern __shared__ float4 shared4[];
+  LINEARIZE_DYNAMIC_SHARED(float4, shared4);
   float* S = reinterpret_cast<float*>(shared4);
   float* X = S + K * kTile;
   float* M = X + C * kTile;
@@ -147,7 +148,7 @@ __global__ void delta_pass_backward_kernel(const float* __restrict__ W, const fl
                                            const float* __restrict__ dVnew, const float* __restrict__ dS_final,
                                            float* __restrict__ Lambda, float* __restrict__ dVtot,
                                            float* __restrict__ dS0, int N, int C, int K, int V) {
-  extern __shared__ float4 shared4[];
+  LINEARIZE_DYNAMIC_SHARED(float4, shared4);
   float* L = reinterpret_cast<float*>(shared4);
   float* X = L + K * kTile;
   float* M = X + C * kTile;

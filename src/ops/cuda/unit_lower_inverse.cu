@@ -9,13 +9,14 @@
 
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/shared_memory.cuh"
 
 namespace linearize::ops::cuda_kernels {
 
 namespace {
 
 __global__ void unit_lower_inverse_kernel(const float* __restrict__ L, float* __restrict__ T, int C) {
-  extern __shared__ float shared[];
+  LINEARIZE_DYNAMIC_SHARED(float, shared);
   float* Ls = shared;         // [C][C]
   float* X = shared + C * C;  // [C][C], column c belongs to thread c
   const size_t base = static_cast<size_t>(blockIdx.x) * C * C;

@@ -132,17 +132,25 @@ __device__ void decayed_scores(float* L, const E* k, const float* beta, const fl
 // d += a b for one 16x8 half of an Acc on TF32 operands (mma.sync.m16n8k8: a 16x8 row-major, b 8x8
 // column-major, in the register layout of the PTX ISA's "Matrix fragments for mma.m16n8k8").
 __device__ __forceinline__ void mma_16x8x8_tf32(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef LINEARIZE_CUDA_EMULATION
+  linearize::simt::mma_m16n8k8_tf32(d, a, b0, b1);
+#else
   asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // x rounded to TF32 (to nearest, ties away), as operand bits.
 __device__ __forceinline__ uint32_t to_tf32(float x) {
+#ifdef LINEARIZE_CUDA_EMULATION
+  return linearize::simt::to_tf32(x);
+#else
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
   return r;
+#endif
 }
 
 // x = hi + lo with hi and lo TF32 values, as operand bits.
@@ -249,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                       const float* __restrict__ g, const E* __restrict__ scores, E* __restrict__ w, E* __restrict__ u,
                       float* __restrict__ inverse, UtShape p) {
   using S = ForwardSmem;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kg = view<E>(smem, S::kg);
   E *Vb = view<E>(smem, S::vb), *T16 = view<E>(smem, S::T16);
   float *L = view<float>(smem, S::L), *T = view<float>(smem, S::T), *G = view<float>(smem, S::gate);
@@ -342,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                        const E* __restrict__ dw, const E* __restrict__ du, E* __restrict__ dk, E* __restrict__ dv,
                        E* __restrict__ d_scores, float* __restrict__ dbeta, float* __restrict__ dg, UtShape p) {
   using S = BackwardSmem;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sk = view<E>(smem, S::k), *sv = view<E>(smem, S::v), *Kb = view<E>(smem, S::kb), *Kg = view<E>(smem, S::kg);
   E *Vb = view<E>(smem, S::vb), *sdw = view<E>(smem, S::dw), *sdu = view<E>(smem, S::du);
   E *T16 = view<E>(smem, S::T16), *R16 = view<E>(smem, S::R16);

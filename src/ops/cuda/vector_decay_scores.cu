@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                                  E* __restrict__ A, E* __restrict__ qd, E* __restrict__ kd, float* __restrict__ a,
                                  E* __restrict__ Akk, E* __restrict__ ek, int N, int T, int H, float scale) {
   using S = ForwardSmem<Pair>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *Y = view<E>(smem, S::Y);
   E *diag = view<E>(smem, S::diag), *diag_kk = view<E>(smem, S::diag_kk);  // 16-bit [4, 16, 16]
   float* sG = view<float>(smem, S::G);
@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, 2)
                                   E* __restrict__ dq, E* __restrict__ dk, float* __restrict__ dg, int N, int T, int H,
                                   float scale) {
   using S = BackwardSmem<Pair>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *sdA = view<E>(smem, S::dA);
   E* dkk = view<E>(smem, S::diag_kk);  // [4, 16, 16]: dAkk's diagonal blocks
   float *sG = view<float>(smem, S::G), *P1 = view<float>(smem, S::rows_side), *P2 = view<float>(smem, S::cols_side);

@@ -12,13 +12,13 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
 namespace linearize::ops::detail {
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 using cuda_kernels::present;
@@ -88,7 +88,7 @@ struct UtTransformFunction : public torch::autograd::Function<UtTransformFunctio
 
 std::optional<torch::ScalarType> fused_delta_rule_dtype(const torch::Tensor& q, const torch::Tensor& k,
                                                         const torch::Tensor& v, GateKind kind, int64_t chunk) {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   // A fixed decay per head takes the libtorch form: its gradient is the sum of the per-step ones over B
   // and T, where the row-sum identity's cancelling terms cost too much precision (6e-2 against fp32 on
   // bf16 inputs, where the scalar decay gets 6e-3). No mixer uses a fixed decay with the delta rule.
@@ -104,7 +104,7 @@ std::optional<torch::ScalarType> fused_delta_rule_dtype(const torch::Tensor& q, 
 #endif
 }
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 // W, U [B,H,N*64,64] from k, v already in the kernels' dtype and layout (aligned_rows), beta [B,T,H] and
@@ -122,7 +122,7 @@ std::pair<torch::Tensor, torch::Tensor> ut_transform(const torch::Tensor& k, con
 std::pair<torch::Tensor, torch::Tensor> fused_ut_transform(const torch::Tensor& k, const torch::Tensor& v,
                                                            const torch::Tensor& beta, const torch::Tensor& g,
                                                            GateKind kind, torch::ScalarType dt) {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   return ut_transform(aligned_rows(k.to(dt)), aligned_rows(v.to(dt)), beta,
                       kernel_gate(g, kind, k.size(0), k.size(1), k.options()));
 #else
@@ -134,7 +134,7 @@ std::pair<torch::Tensor, torch::Tensor> fused_ut_transform(const torch::Tensor& 
 OpResult fused_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                 const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                 const torch::Tensor& h0, double scale, torch::ScalarType dt) {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   // k and the gate feed both the transform and the walk: converted once.
   auto operand = [&](const torch::Tensor& t) { return aligned_rows(t.to(dt)); };
   auto kd = operand(k), gh = kernel_gate(g, kind, q.size(0), q.size(1), q.options());

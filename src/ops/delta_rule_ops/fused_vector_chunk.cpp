@@ -15,13 +15,13 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
 namespace linearize::ops::detail {
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 using cuda_kernels::present;
@@ -85,7 +85,7 @@ std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, co
                                                       const torch::Tensor& v, const torch::Tensor& beta,
                                                       const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
                                                       double scale, int64_t chunk) {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   if (kind != GateKind::Vector) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::vector_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;

@@ -13,13 +13,13 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
 namespace linearize::ops::detail {
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 using cuda_kernels::present;
@@ -58,7 +58,7 @@ struct ScalarDecayChunkFunction : public torch::autograd::Function<ScalarDecayCh
 std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   if (kind == GateKind::Vector) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;

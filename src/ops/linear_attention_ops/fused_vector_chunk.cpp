@@ -15,13 +15,13 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
 namespace linearize::ops::detail {
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 using cuda_kernels::present;
@@ -88,7 +88,7 @@ struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction>
 
 std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
                                                double scale, bool key_scores) {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   return VectorScoresFunction::apply(q, k, g, scale, key_scores);
 #else
   (void)q, (void)k, (void)g, (void)scale, (void)key_scores;
@@ -99,7 +99,7 @@ std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const tor
 std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   if (kind != GateKind::Vector) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::vector_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;

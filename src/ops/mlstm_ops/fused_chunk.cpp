@@ -32,7 +32,7 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/kernels.h"
 #endif
 
@@ -111,7 +111,7 @@ Parts libtorch_parts(const torch::Tensor& q, const torch::Tensor& k, const torch
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
 using cuda_kernels::present;
 
 // The parts through ops/cuda/mlstm_normaliser.cu. Inputs q, k [B,T,H,K] (fp32 or the 16-bit kp_dtype),
@@ -204,7 +204,7 @@ MlstmResult join(const Parts& p, const torch::Tensor& q, const torch::Tensor& v,
   auto num = ops::gla_chunk(q.to(lo), p.kp, v.to(lo), p.g.transpose(1, 2), init.defined() ? init.c : torch::Tensor(),
                             scale, chunk);
   torch::Tensor h;  // [B,T,H,V]
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   if (kernels)
     h = DivideRowsFunction::apply(aligned_rows(num.o), p.den.contiguous(), p.m.contiguous(), eps,
                                   static_cast<int64_t>(v.scalar_type()));
@@ -236,7 +236,7 @@ MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tenso
 std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                              const torch::Tensor& igate, const torch::Tensor& fgate,
                                              const MlstmState& init, double scale, double eps, int64_t chunk) {
-#ifdef LINEARIZE_WITH_CUDA
+#ifdef LINEARIZE_WITH_KERNELS
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
   if (!dt || !cuda_kernels::scalar_decay_chunk_supported(K, v.size(3), *dt) ||

@@ -1,0 +1,479 @@
+// The SIMT emulator's scheduler and collectives (see simt.h): a block's threads are fibers run round-robin
+// on the calling thread; a fiber gives way only at a barrier or a warp collective. On x86-64 a switch saves
+// and restores the callee-saved registers by hand (a few nanoseconds); elsewhere it goes through ucontext,
+// whose every switch is a system call.
+#include "ops/cuda/emulation/simt.h"
+
+#include <sys/mman.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local dim3 blockDim, gridDim;
+
+#if defined(__x86_64__)
+// simt_switch(&from, to): pushes the callee-saved registers and the SSE and x87 control words on the running
+// stack, keeps its stack pointer in *from, and resumes the stack `to` (saved the same way, or set up by
+// start_context) by popping them again.
+extern "C" void simt_switch(void** from, void* to);
+asm(R"(
+  .pushsection .text
+  .globl simt_switch
+  .type simt_switch, @function
+simt_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size simt_switch, .-simt_switch
+  .popsection
+)");
+#endif
+
+namespace linearize::simt {
+namespace {
+
+#if defined(__x86_64__)
+struct Context {
+  void* sp = nullptr;
+};
+// A stack that simt_switch resumes into entry(), as if entry had been called (entry must never return).
+void start_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  auto* top = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15}) - 16);
+  top[0] = reinterpret_cast<uint64_t>(entry);  // the return address popped by simt_switch's ret
+  uint64_t* sp = top - 7;                       // rbp, rbx, r12..r15 (zero) and the control words
+  for (int i = 1; i < 7; ++i) sp[i] = 0;
+  sp[0] = 0x1f80u | (uint64_t{0x037f} << 32);   // MXCSR and the x87 control word at their defaults
+  c.sp = sp;
+}
+void switch_context(Context& from, Context& to) { simt_switch(&from.sp, to.sp); }
+#else
+struct Context {
+  ucontext_t uc;
+};
+void start_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = bytes;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+#endif
+
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+enum class Wait { None, Block, Warp, Done };
+
+// The collective a warp's lanes have reached, the operands each lane gave and what each gets back.
+enum class Collective { None, Sync, Shuffle, LoadMatrices, Mma16, MmaHalf16, MmaTf32 };
+const char* name(Collective c) {
+  switch (c) {
+    case Collective::None: return "none";
+    case Collective::Sync: return "__syncwarp";
+    case Collective::Shuffle: return "a shuffle";
+    case Collective::LoadMatrices: return "ldmatrix";
+    case Collective::Mma16: return "mma.sync (bf16)";
+    case Collective::MmaHalf16: return "mma.sync (f16)";
+    case Collective::MmaTf32: return "mma.sync (tf32)";
+  }
+  return "?";
+}
+
+struct LaneOperands {
+  uint32_t w[12];
+  uint64_t value;
+  const void* address;
+  Shuffle kind;
+  int arg, width;
+  unsigned mask;
+};
+struct WarpState {
+  Collective pending = Collective::None;
+  int arrived = 0, live = 0, started = 0;
+  LaneOperands in[32];
+  uint32_t out[32][4];
+  uint64_t value_out[32];
+};
+
+struct Fiber {
+  Context context;
+  char* stack = nullptr;
+  uint3 index{};
+  Wait wait = Wait::None;
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<WarpState> warps;
+  int live = 0, arrived = 0;
+  int current = -1;
+  Context scheduler;
+  const std::function<void()>* body = nullptr;
+  std::string error;
+};
+
+thread_local Block* g_block = nullptr;
+thread_local std::vector<char*> g_stacks;
+thread_local std::vector<unsigned char> g_shared;
+
+char* stack_for(size_t i) {
+  while (g_stacks.size() <= i) {
+    void* p = mmap(nullptr, kStackBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("simt: cannot map a fiber stack");
+    g_stacks.push_back(static_cast<char*>(p));
+  }
+  return g_stacks[i];
+}
+
+Fiber& current_fiber() { return g_block->fibers[static_cast<size_t>(g_block->current)]; }
+int lane_of(const Fiber& f) {
+  const unsigned linear = f.index.x + blockDim.x * (f.index.y + blockDim.y * f.index.z);
+  return static_cast<int>(linear % 32);
+}
+int warp_of(const Fiber& f) {
+  const unsigned linear = f.index.x + blockDim.x * (f.index.y + blockDim.y * f.index.z);
+  return static_cast<int>(linear / 32);
+}
+
+// Back to the scheduler until this fiber is released.
+void yield_fiber() {
+  Fiber& f = current_fiber();
+  switch_context(f.context, g_block->scheduler);
+  if (!g_block->error.empty()) {  // another thread failed: park this one for good
+    f.wait = Wait::Done;
+    switch_context(f.context, g_block->scheduler);
+  }
+}
+
+void fail(const std::string& what) {
+  if (g_block->error.empty()) {
+    const Fiber& f = current_fiber();
+    g_block->error = "simt: block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+                     std::to_string(blockIdx.z) + ") thread (" + std::to_string(f.index.x) + "," +
+                     std::to_string(f.index.y) + "," + std::to_string(f.index.z) + "): " + what;
+  }
+  current_fiber().wait = Wait::Done;
+  switch_context(current_fiber().context, g_block->scheduler);
+}
+
+void release_block() {
+  for (auto& f : g_block->fibers)
+    if (f.wait == Wait::Block) f.wait = Wait::None;
+  g_block->arrived = 0;
+}
+
+// ---- the collectives, completed by the last lane to arrive -----------------------------------------------
+
+void complete_shuffles(WarpState& w, int lanes) {
+  for (int l = 0; l < lanes; ++l) {
+    const auto& op = w.in[l];
+    const int seg = l - l % op.width;
+    int src = l;
+    switch (op.kind) {
+      case Shuffle::Index: src = seg + (op.arg % op.width + op.width) % op.width; break;
+      case Shuffle::Up: src = l - op.arg >= seg ? l - op.arg : l; break;
+      case Shuffle::Down: src = l + op.arg < seg + op.width ? l + op.arg : l; break;
+      case Shuffle::Xor: src = (l ^ op.arg) < seg + op.width && (l ^ op.arg) >= seg ? (l ^ op.arg) : l; break;
+    }
+    w.value_out[l] = src < lanes ? w.in[src].value : 0;
+  }
+}
+
+void complete_load_matrices(WarpState& w, bool trans) {
+  for (int l = 0; l < 32; ++l)
+    for (int i = 0; i < 4; ++i) {
+      if (!trans) {
+        const auto* row = static_cast<const uint32_t*>(w.in[8 * i + l / 4].address);
+        w.out[l][i] = row[l % 4];
+      } else {
+        const auto* r0 = static_cast<const uint16_t*>(w.in[8 * i + 2 * (l % 4)].address);
+        const auto* r1 = static_cast<const uint16_t*>(w.in[8 * i + 2 * (l % 4) + 1].address);
+        w.out[l][i] = static_cast<uint32_t>(r0[l / 4]) | (static_cast<uint32_t>(r1[l / 4]) << 16);
+      }
+    }
+}
+
+float widen16(uint32_t word, int which, bool half) {
+  const auto bits = static_cast<uint16_t>(which ? word >> 16 : word & 0xffff);
+  if (half) {  // IEEE half
+    const uint32_t sign = (bits & 0x8000u) << 16, e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
+    if (e == 0) return (sign ? -1.f : 1.f) * static_cast<float>(m) * 5.9604644775390625e-8f;
+    if (e == 31) return __uint_as_float(sign | 0x7f800000 | (m << 13));
+    return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+  }
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+
+// m16n8k16: lane l = 4 g + t holds a[0] = A(g, 2t..2t+1), a[1] = A(g+8, 2t..), a[2] = A(g, 2t+8..),
+// a[3] = A(g+8, 2t+8..); b0 = B(2t..2t+1, g), b1 = B(2t+8.., g); d[0..1] = D(g, 2t..2t+1), d[2..3] = D(g+8, ..).
+void complete_mma16(WarpState& w, bool half) {
+  float A[16][16], B[16][8], C[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    const uint32_t* in = w.in[l].w;
+    for (int j = 0; j < 2; ++j) {
+      A[g][2 * t + j] = widen16(in[0], j, half);
+      A[g + 8][2 * t + j] = widen16(in[1], j, half);
+      A[g][2 * t + 8 + j] = widen16(in[2], j, half);
+      A[g + 8][2 * t + 8 + j] = widen16(in[3], j, half);
+      B[2 * t + j][g] = widen16(in[4], j, half);
+      B[2 * t + 8 + j][g] = widen16(in[5], j, half);
+      C[g][2 * t + j] = __uint_as_float(in[6 + j]);
+      C[g + 8][2 * t + j] = __uint_as_float(in[8 + j]);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+      float acc = C[r][c];
+      for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][c];
+      w.out[l][i] = __float_as_uint(acc);
+    }
+  }
+}
+
+// m16n8k8 tf32: a[0] = A(g, t), a[1] = A(g+8, t), a[2] = A(g, t+4), a[3] = A(g+8, t+4); b0 = B(t, g),
+// b1 = B(t+4, g); d as for m16n8k16. The operands' low 13 bits are not read.
+void complete_mma_tf32(WarpState& w) {
+  float A[16][8], B[8][8], C[16][8];
+  auto tf32 = [](uint32_t x) { return __uint_as_float(x & 0xffffe000u); };
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    const uint32_t* in = w.in[l].w;
+    A[g][t] = tf32(in[0]), A[g + 8][t] = tf32(in[1]), A[g][t + 4] = tf32(in[2]), A[g + 8][t + 4] = tf32(in[3]);
+    B[t][g] = tf32(in[4]), B[t + 4][g] = tf32(in[5]);
+    for (int j = 0; j < 2; ++j) {
+      C[g][2 * t + j] = __uint_as_float(in[6 + j]);
+      C[g + 8][2 * t + j] = __uint_as_float(in[8 + j]);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+      float acc = C[r][c];
+      for (int k = 0; k < 8; ++k) acc += A[r][k] * B[k][c];
+      w.out[l][i] = __float_as_uint(acc);
+    }
+  }
+}
+
+void complete(WarpState& w, Collective c, int lanes) {
+  if (c != Collective::Sync && c != Collective::Shuffle && lanes != 32) return;  // reported by the caller
+  switch (c) {
+    case Collective::Shuffle: complete_shuffles(w, lanes); break;
+    case Collective::LoadMatrices: complete_load_matrices(w, w.in[0].arg != 0); break;
+    case Collective::Mma16: complete_mma16(w, false); break;
+    case Collective::MmaHalf16: complete_mma16(w, true); break;
+    case Collective::MmaTf32: complete_mma_tf32(w); break;
+    default: break;
+  }
+}
+
+// This lane's arrival at collective c with operands op; returns once every live lane of the warp has
+// arrived and the collective is complete.
+void arrive(Collective c, const LaneOperands& op) {
+  Fiber& f = current_fiber();
+  WarpState& w = g_block->warps[static_cast<size_t>(warp_of(f))];
+  const int lane = lane_of(f);
+  if (w.arrived > 0 && w.pending != c)
+    fail(std::string("warp divergence: lane ") + std::to_string(lane) + " reached " + name(c) +
+         " while other lanes wait at " + name(w.pending));
+  if (w.live < w.started)
+    fail(std::string(name(c)) + " over the full warp after " + std::to_string(w.started - w.live) +
+         " of its lanes returned");
+  if (c != Collective::Sync && c != Collective::Shuffle && w.live != 32)
+    fail(std::string(name(c)) + " needs all 32 lanes of the warp, " + std::to_string(w.live) + " are running");
+  w.pending = c;
+  w.in[lane] = op;
+  if (++w.arrived < w.live) {
+    f.wait = Wait::Warp;
+    yield_fiber();
+    return;
+  }
+  complete(w, c, w.live);
+  w.arrived = 0;
+  w.pending = Collective::None;
+  const int warp = warp_of(f);
+  for (auto& other : g_block->fibers)
+    if (other.wait == Wait::Warp && warp_of(other) == warp) other.wait = Wait::None;
+}
+
+void fiber_main() {
+  (*g_block->body)();
+  Fiber& f = current_fiber();
+  f.wait = Wait::Done;
+  --g_block->live;
+  --g_block->warps[static_cast<size_t>(warp_of(f))].live;
+  // A barrier or collective the others wait at may now be complete without this thread.
+  if (g_block->arrived > 0 && g_block->arrived == g_block->live) release_block();
+  WarpState& w = g_block->warps[static_cast<size_t>(warp_of(f))];
+  if (w.arrived > 0)
+    g_block->error = std::string("simt: a lane of warp ") + std::to_string(warp_of(f)) + " of block (" +
+                     std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+                     std::to_string(blockIdx.z) + ") returned while the others wait at " + name(w.pending);
+  switch_context(f.context, g_block->scheduler);
+}
+
+void run_block(Block& block, size_t threads) {
+  block.live = static_cast<int>(threads);
+  block.warps.assign((threads + 31) / 32, WarpState{});
+  for (size_t i = 0; i < block.warps.size(); ++i)
+    block.warps[i].live = block.warps[i].started = static_cast<int>(std::min<size_t>(32, threads - 32 * i));
+  block.fibers.resize(threads);
+  for (size_t i = 0; i < threads; ++i) {
+    Fiber& f = block.fibers[i];
+    f.index = {static_cast<unsigned>(i % blockDim.x), static_cast<unsigned>(i / blockDim.x % blockDim.y),
+               static_cast<unsigned>(i / (blockDim.x * blockDim.y))};
+    f.wait = Wait::None;
+    f.stack = stack_for(i);
+    start_context(f.context, f.stack, kStackBytes, fiber_main);
+  }
+  size_t done = 0;
+  while (done < threads && block.error.empty()) {
+    bool progressed = false;
+    done = 0;
+    for (size_t i = 0; i < threads && block.error.empty(); ++i) {
+      Fiber& f = block.fibers[i];
+      if (f.wait == Wait::Done) {
+        ++done;
+        continue;
+      }
+      if (f.wait != Wait::None) continue;
+      block.current = static_cast<int>(i);
+      threadIdx = f.index;
+      switch_context(block.scheduler, f.context);
+      progressed = true;
+    }
+    if (!progressed && done < threads && block.error.empty()) {
+      int at_block = 0, at_warp = 0;
+      for (const auto& f : block.fibers) at_block += f.wait == Wait::Block, at_warp += f.wait == Wait::Warp;
+      block.error = "simt: block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+                    std::to_string(blockIdx.z) + ") cannot go on: " + std::to_string(at_block) +
+                    " threads wait at __syncthreads and " + std::to_string(at_warp) +
+                    " at a warp collective that the others never reach";
+    }
+  }
+}
+
+}  // namespace
+
+void launch(dim3 grid, dim3 block_dim, size_t smem_bytes, const std::function<void()>& body) {
+  const size_t threads = static_cast<size_t>(block_dim.x) * block_dim.y * block_dim.z;
+  if (threads == 0 || threads > 1024) throw std::runtime_error("simt: a block of " + std::to_string(threads) + " threads");
+  Block* outer = g_block;
+  if (outer) throw std::runtime_error("simt: a launch from inside a kernel");
+  gridDim = grid;
+  blockDim = block_dim;
+  g_shared.resize(smem_bytes + 128);
+  Block block;
+  block.body = &body;
+  g_block = &block;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        blockIdx = {x, y, z};
+        std::memset(g_shared.data(), 0xff, g_shared.size());
+        block.arrived = 0;
+        run_block(block, threads);
+        if (!block.error.empty()) {
+          g_block = nullptr;
+          throw std::runtime_error(block.error);
+        }
+      }
+  g_block = nullptr;
+}
+
+unsigned char* dynamic_shared() {
+  auto p = reinterpret_cast<uintptr_t>(g_shared.data());
+  return reinterpret_cast<unsigned char*>((p + 127) / 128 * 128);
+}
+
+void sync_block() {
+  Fiber& f = current_fiber();
+  if (++g_block->arrived == g_block->live) {
+    release_block();
+    return;
+  }
+  f.wait = Wait::Block;
+  yield_fiber();
+}
+
+void sync_warp() { arrive(Collective::Sync, LaneOperands{}); }
+
+uint64_t shuffle(unsigned mask, uint64_t value, Shuffle kind, int arg, int width) {
+  if (mask != kFullMask) fail("a shuffle with mask " + std::to_string(mask) + ": only the full warp is emulated");
+  if (width <= 0 || width > 32 || (width & (width - 1))) fail("a shuffle of width " + std::to_string(width));
+  LaneOperands op{};
+  op.value = value, op.kind = kind, op.arg = arg, op.width = width, op.mask = mask;
+  arrive(Collective::Shuffle, op);
+  Fiber& f = current_fiber();
+  return g_block->warps[static_cast<size_t>(warp_of(f))].value_out[lane_of(f)];
+}
+
+namespace {
+void take_words(uint32_t* r, int n) {
+  Fiber& f = current_fiber();
+  const auto& out = g_block->warps[static_cast<size_t>(warp_of(f))].out[lane_of(f)];
+  for (int i = 0; i < n; ++i) r[i] = out[i];
+}
+void mma(Collective c, float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  LaneOperands op{};
+  for (int i = 0; i < 4; ++i) op.w[i] = a[i], op.w[6 + i] = __float_as_uint(d[i]);
+  op.w[4] = b0, op.w[5] = b1;
+  arrive(c, op);
+  uint32_t r[4];
+  take_words(r, 4);
+  for (int i = 0; i < 4; ++i) d[i] = __uint_as_float(r[i]);
+}
+}  // namespace
+
+void load_matrices_x4(uint32_t (&r)[4], const void* row, bool trans) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) fail("ldmatrix from a row address that is not 16-byte aligned");
+  LaneOperands op{};
+  op.address = row, op.arg = trans ? 1 : 0;
+  arrive(Collective::LoadMatrices, op);
+  take_words(r, 4);
+}
+
+void mma_m16n8k16(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1, bool half) {
+  mma(half ? Collective::MmaHalf16 : Collective::Mma16, d, a, b0, b1);
+}
+
+void mma_m16n8k8_tf32(float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  mma(Collective::MmaTf32, d, a, b0, b1);
+}
+
+uint32_t to_tf32(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;  // infinities and NaN as they are
+  return (u + 0x1000u) & 0xffffe000u;
+}
+
+}  // namespace linearize::simt
