@@ -1,16 +1,19 @@
 // The CUDA kernels of ops/cuda run on the CPU: a SIMT emulator for the CPU build's tests (CI has no GPU).
 //
-// The .cu files compile unchanged as C++ against this header and the stand-ins for the CUDA headers in
-// emulation/include/ (cuda_runtime.h, cuda_bf16.h, ...), which include it. A launch runs the grid one
+// The .cu files compile as C++ against this header and the stand-ins for the CUDA headers in
+// emulation/include/ (cuda_runtime.h, cuda_bf16.h, ...), which include it; their inline PTX and dynamic
+// shared memory have emulated branches (chunk_tiles.cuh, ut_transform.cu, shared_memory.cuh). A launch runs the grid one
 // block at a time; a block's threads are fibers on the calling thread, switched only where CUDA makes threads
 // wait for each other: __syncthreads and the warp's collective operations (shuffles, ldmatrix, mma.sync).
 // The last thread to reach a barrier or collective completes it for all, so a warp's collective sees every
 // lane's operands at once, as on the hardware.
 //
-// What it checks, and reports by throwing from the launch: threads of a block that wait at different
-// barriers, or lanes of a warp at different collectives (divergence), and a collective whose mask is not
-// the full warp. Shared memory starts each block filled with 0xff bytes (NaN as fp32 or 16-bit floats), so
-// a kernel that reads what it has not written shows it in its results.
+// What it checks, and reports by throwing from the launch: lanes of a warp at different collectives
+// (divergence), a collective after some lanes of the warp returned or while a lane returns, a collective
+// whose mask is not the full warp, and a block whose threads can no longer all go on. Shared memory starts
+// each block filled with 0xff bytes (NaN as fp32 or 16-bit floats), so a kernel that reads what it has not
+// written shows it in its results; and since a block's threads run in order up to each barrier, a missing
+// __syncthreads usually shows the same way.
 //
 // What it does not model: timing, memory ordering between threads other than at barriers (a race the
 // barriers do not order is not found: use compute-sanitizer on the GPU), asynchronous copies (they complete
