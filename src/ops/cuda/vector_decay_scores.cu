@@ -203,6 +203,26 @@ __device__ __forceinline__ float sum8(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 4);
 }
 
+// Eight sums at once over the 8 consecutive lanes that share them: lane l of the eight returns the sum of
+// v[l]. Each round halves what a lane holds, keeping its half and adding the partner's copy of it (a
+// reduce-scatter: 7 shuffles for the eight sums, where sum8 takes 3 for one).
+__device__ __forceinline__ float scatter_sums8(const float (&v)[8]) {
+  const int l = threadIdx.x % 8;
+  float w[4], u[2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {  // lanes with bit 2 keep sums 4 .. 7
+    const bool hi = l & 4;
+    w[k] = (hi ? v[k + 4] : v[k]) + __shfl_xor_sync(0xffffffffu, hi ? v[k] : v[k + 4], 4);
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // then bit 1: the upper two of those four
+    const bool hi = l & 2;
+    u[k] = (hi ? w[k + 2] : w[k]) + __shfl_xor_sync(0xffffffffu, hi ? w[k] : w[k + 2], 2);
+  }
+  const bool hi = l & 1;
+  return (hi ? u[1] : u[0]) + __shfl_xor_sync(0xffffffffu, hi ? u[0] : u[1], 1);
+}
+
 // The scores of chunk blockIdx.x of head blockIdx.y and the walk's row factors; with Pair also the
 // key-key scores and ek.
 template <typename E, bool Pair>
@@ -266,15 +286,21 @@ __global__ void __launch_bounds__(kThreads, 3)
   // each sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i. Thread (I, p, e):
   // sub-chunk I, columns p and 15 - p (16 - p and p + 1 rows: 17 together), channels 8e .. 8e + 7, the sum
   // over channels across the 8 lanes of (I, p). The 17 steps are unrolled so that one row's loads and sums
-  // overlap the next one's.
+  // overlap the next one's; their sums over the lanes are taken eight steps at a time (steps 0-7 and 8-15 by
+  // scatter_sums8, lane e storing step 8b + e's; step 16 by sum8).
   const int lane = threadIdx.x % 32;
   {
-    const int I = warp / 2, p = (warp % 2) * 4 + lane / 8, c = (lane % 8) * 8, r0 = I * kSub;
-    float kj[8], f[8];
+    const int I = warp / 2, p = (warp % 2) * 4 + lane / 8, e = lane % 8, c = e * 8, r0 = I * kSub;
+    auto step = [&](int t, int& i, int& j) {  // step t's element (i, j) of the scores
+      const bool second = t >= kSub - p;        // column 15 - p, from its diagonal down
+      j = second ? r0 + kSub - 1 - p : r0 + p, i = second ? j + t - (kSub - p) : j + t;
+    };
+    auto put = [&](E* out, int i, int j, float x) { out[(r0 + i % kSub) * kSub + j % kSub] = from_float<E>(x); };
+    float kj[8], f[8], sums[8], sums_kk[8];
 #pragma unroll
     for (int t = 0; t <= kSub; ++t) {
-      const bool second = t >= kSub - p;  // column 15 - p, from its diagonal down
-      const int j = second ? r0 + kSub - 1 - p : r0 + p, i = second ? j + t - (kSub - p) : j + t;
+      int i, j;
+      step(t, i, j);
       if (i == j) {
         unpack8<E>(*reinterpret_cast<const uint4*>(sk + j * S::ld + c), kj);
 #pragma unroll
@@ -289,14 +315,25 @@ __global__ void __launch_bounds__(kThreads, 3)
       unpack8<E>(*reinterpret_cast<const uint4*>(sq + i * S::ld + c), x);
 #pragma unroll
       for (int d = 0; d < 8; ++d) sum += x[d] * kj[d] * f[d];
-      sum = sum8(sum);
-      if (lane % 8 == 0) diag[(r0 + i % kSub) * kSub + j % kSub] = from_float<E>(sum * scale);
       if constexpr (Pair) {
         unpack8<E>(*reinterpret_cast<const uint4*>(sk + i * S::ld + c), x);
 #pragma unroll
         for (int d = 0; d < 8; ++d) sum_kk += x[d] * kj[d] * f[d];
-        sum_kk = sum8(sum_kk);
-        if (lane % 8 == 0) diag_kk[(r0 + i % kSub) * kSub + j % kSub] = from_float<E>(sum_kk);
+      }
+      if (t == kSub) {  // the last step alone
+        sum = sum8(sum);
+        if (e == 0) put(diag, i, j, sum * scale);
+        if constexpr (Pair) {
+          sum_kk = sum8(sum_kk);
+          if (e == 0) put(diag_kk, i, j, sum_kk);
+        }
+      } else {
+        sums[t % 8] = sum, sums_kk[t % 8] = sum_kk;
+        if (t % 8 == 7) {  // steps t - 7 .. t: lane e stores step t - 7 + e's
+          step(t - 7 + e, i, j);
+          put(diag, i, j, scatter_sums8(sums) * scale);
+          if constexpr (Pair) put(diag_kk, i, j, scatter_sums8(sums_kk));
+        }
       }
     }
   }
