@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/cuda/emulation/include/cuda_fp16.h"  // half_to_float
+
 thread_local uint3 threadIdx, blockIdx;
 thread_local dim3 blockDim, gridDim;
 
@@ -220,19 +222,28 @@ void complete_load_matrices(WarpState& w, bool trans) {
 
 float widen16(uint32_t word, int which, bool half) {
   const auto bits = static_cast<uint16_t>(which ? word >> 16 : word & 0xffff);
-  if (half) {  // IEEE half
-    const uint32_t sign = (bits & 0x8000u) << 16, e = (bits >> 10) & 0x1f, m = bits & 0x3ff;
-    if (e == 0) return (sign ? -1.f : 1.f) * static_cast<float>(m) * 5.9604644775390625e-8f;
-    if (e == 31) return __uint_as_float(sign | 0x7f800000 | (m << 13));
-    return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+  return half ? half_to_float(bits) : __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+
+// Each lane's d = c + (A B)(r, col) for its four result elements: d[0..1] = D(g, 2t..2t+1), d[2..3] =
+// D(g+8, 2t..2t+1) for lane l = 4 g + t, c the lane's own accumulators; sums in fp32 in order of k.
+template <int K>
+void multiply_fragments(WarpState& w, const float (&A)[16][K], const float (&B)[K][8]) {
+  for (int l = 0; l < 32; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
+      float acc = __uint_as_float(w.in[l].w[6 + i]);
+      for (int k = 0; k < K; ++k) acc += A[r][k] * B[k][c];
+      w.out[l][i] = __float_as_uint(acc);
+    }
   }
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
 }
 
 // m16n8k16: lane l = 4 g + t holds a[0] = A(g, 2t..2t+1), a[1] = A(g+8, 2t..), a[2] = A(g, 2t+8..),
-// a[3] = A(g+8, 2t+8..); b0 = B(2t..2t+1, g), b1 = B(2t+8.., g); d[0..1] = D(g, 2t..2t+1), d[2..3] = D(g+8, ..).
+// a[3] = A(g+8, 2t+8..); b0 = B(2t..2t+1, g), b1 = B(2t+8.., g).
 void complete_mma16(WarpState& w, bool half) {
-  float A[16][16], B[16][8], C[16][8];
+  float A[16][16], B[16][8];
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     const uint32_t* in = w.in[l].w;
@@ -243,45 +254,23 @@ void complete_mma16(WarpState& w, bool half) {
       A[g + 8][2 * t + 8 + j] = widen16(in[3], j, half);
       B[2 * t + j][g] = widen16(in[4], j, half);
       B[2 * t + 8 + j][g] = widen16(in[5], j, half);
-      C[g][2 * t + j] = __uint_as_float(in[6 + j]);
-      C[g + 8][2 * t + j] = __uint_as_float(in[8 + j]);
     }
   }
-  for (int l = 0; l < 32; ++l) {
-    const int g = l / 4, t = l % 4;
-    for (int i = 0; i < 4; ++i) {
-      const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
-      float acc = C[r][c];
-      for (int k = 0; k < 16; ++k) acc += A[r][k] * B[k][c];
-      w.out[l][i] = __float_as_uint(acc);
-    }
-  }
+  multiply_fragments(w, A, B);
 }
 
 // m16n8k8 tf32: a[0] = A(g, t), a[1] = A(g+8, t), a[2] = A(g, t+4), a[3] = A(g+8, t+4); b0 = B(t, g),
-// b1 = B(t+4, g); d as for m16n8k16. The operands' low 13 bits are not read.
+// b1 = B(t+4, g). The operands' low 13 bits are not read.
 void complete_mma_tf32(WarpState& w) {
-  float A[16][8], B[8][8], C[16][8];
+  float A[16][8], B[8][8];
   auto tf32 = [](uint32_t x) { return __uint_as_float(x & 0xffffe000u); };
   for (int l = 0; l < 32; ++l) {
     const int g = l / 4, t = l % 4;
     const uint32_t* in = w.in[l].w;
     A[g][t] = tf32(in[0]), A[g + 8][t] = tf32(in[1]), A[g][t + 4] = tf32(in[2]), A[g + 8][t + 4] = tf32(in[3]);
     B[t][g] = tf32(in[4]), B[t + 4][g] = tf32(in[5]);
-    for (int j = 0; j < 2; ++j) {
-      C[g][2 * t + j] = __uint_as_float(in[6 + j]);
-      C[g + 8][2 * t + j] = __uint_as_float(in[8 + j]);
-    }
   }
-  for (int l = 0; l < 32; ++l) {
-    const int g = l / 4, t = l % 4;
-    for (int i = 0; i < 4; ++i) {
-      const int r = g + 8 * (i / 2), c = 2 * t + i % 2;
-      float acc = C[r][c];
-      for (int k = 0; k < 8; ++k) acc += A[r][k] * B[k][c];
-      w.out[l][i] = __float_as_uint(acc);
-    }
-  }
+  multiply_fragments(w, A, B);
 }
 
 void complete(WarpState& w, Collective c, int lanes) {
