@@ -211,7 +211,8 @@ std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::T
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                           const torch::Tensor& h0, double scale) {
 #ifdef LINEARIZE_WITH_KERNELS
-  if (!fused_kernels_enabled() || !on_kernel_device(q) || q.size(1) != 1 || v.scalar_type() == torch::kDouble) return std::nullopt;
+  if (!fused_kernels_enabled() || !on_kernel_device(q) || q.size(1) != 1 || v.scalar_type() == torch::kDouble)
+    return std::nullopt;
   // The kernel has no backward: a step that autograd must see runs as libtorch ops.
   if (torch::GradMode::is_enabled())
     for (const auto* t : {&q, &k, &v, &beta, &g, &h0})
@@ -257,7 +258,7 @@ bool kernel_emulation_available() {
 
 void set_kernel_emulation(bool on) {
   if (on && !kernel_emulation_available())
-    throw std::runtime_error("kernel emulation: this build has no emulator (it is compiled where the CUDA kernels are not)");
+    throw std::runtime_error("kernel emulation: not in this build (the emulator is compiled only where CUDA is not)");
   g_emulation = on;
 }
 

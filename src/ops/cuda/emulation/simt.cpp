@@ -375,7 +375,8 @@ void run_block(Block& block, size_t threads) {
 
 void launch(dim3 grid, dim3 block_dim, size_t smem_bytes, const std::function<void()>& body) {
   const size_t threads = static_cast<size_t>(block_dim.x) * block_dim.y * block_dim.z;
-  if (threads == 0 || threads > 1024) throw std::runtime_error("simt: a block of " + std::to_string(threads) + " threads");
+  if (threads == 0 || threads > 1024)
+    throw std::runtime_error("simt: a block of " + std::to_string(threads) + " threads (1 to 1024 expected)");
   Block* outer = g_block;
   if (outer) throw std::runtime_error("simt: a launch from inside a kernel");
   gridDim = grid;

@@ -2,9 +2,10 @@
 //
 // The .cu files compile as C++ against this header and the stand-ins for the CUDA headers in
 // emulation/include/ (cuda_runtime.h, cuda_bf16.h, ...), which include it; their inline PTX and dynamic
-// shared memory have emulated branches (chunk_tiles.cuh, ut_transform.cu, shared_memory.cuh). A launch runs the grid one
-// block at a time; a block's threads are fibers on the calling thread, switched only where CUDA makes threads
-// wait for each other: __syncthreads and the warp's collective operations (shuffles, ldmatrix, mma.sync).
+// shared memory have emulated branches (chunk_tiles.cuh, ut_transform.cu, shared_memory.cuh). A launch
+// runs the grid one block at a time; a block's threads are fibers on the calling thread, switched only
+// where CUDA makes threads wait for each other: __syncthreads and the warp's collective operations
+// (shuffles, ldmatrix, mma.sync).
 // The last thread to reach a barrier or collective completes it for all, so a warp's collective sees every
 // lane's operands at once, as on the hardware.
 //
