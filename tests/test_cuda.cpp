@@ -8,11 +8,11 @@
 //  (e) a student's decode step captured as a CUDA graph equals the eager step, logits and state;
 //  (d) a student's stage-3 step under bf16 autocast keeps fp32 weights and gradients, and lowers the
 //      loss on a fixed batch.
-// The tests of (a) and (b) check kernels: without a GPU they run them on the CPU build's SIMT emulator
-// (ops/cuda/emulation/simt.h), in bf16 and fp32 only (libtorch 1.13 has no fp16 products on the CPU), so
-// that CI checks the kernels' arithmetic too. The rest need a GPU and skip without one.
-// The CUDA golden checks of the op families and the Llama teacher sit with their CPU twins
-// (test_ops.cpp, test_llama.cpp).
+// The tests of (a), (b) and the decode test of (c) check kernels: without a GPU they run them on the CPU
+// build's SIMT emulator (ops/cuda/emulation/simt.h), in bf16 and fp32 only (libtorch 1.13 has no fp16
+// products on the CPU), so that CI checks the kernels' arithmetic too. The rest need a GPU and skip
+// without one. The CUDA golden checks of the op families (also emulated) and the Llama teacher sit with
+// their CPU twins (test_ops.cpp, test_llama.cpp).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -46,24 +46,6 @@ using test::rel_err;
 #define REQUIRE_CUDA() \
   if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: CUDA not available"
 
-// Kernel emulation on (or off) for a scope, as it was before afterwards.
-class EmulationScope {
- public:
-  explicit EmulationScope(bool on) : was_(emulating_) {
-    emulating_ = on;
-    ops::set_kernel_emulation(on);
-  }
-  ~EmulationScope() {
-    emulating_ = was_;
-    ops::set_kernel_emulation(was_);
-  }
-  static bool emulating() { return emulating_; }
-
- private:
-  static inline bool emulating_ = false;
-  bool was_;
-};
-
 // Where a kernel test runs: the GPU when there is one, else the CPU through the kernel emulator (on for
 // the test's whole scope), else nowhere.
 struct KernelDevice {
@@ -73,7 +55,7 @@ struct KernelDevice {
   bool available() const { return gpu || emulation.has_value(); }
   bool gpu;
   torch::Device device;
-  std::optional<EmulationScope> emulation;
+  std::optional<test::EmulationScope> emulation;
 };
 // Declares `kernels` (a KernelDevice) and `dev` (its device), or skips the test.
 #define REQUIRE_KERNELS()                 \
@@ -157,7 +139,7 @@ TEST(CudaOps, ChunkMatchesCpuForwardAndGradients) {
     auto cpu = to_device(base, torch::kCPU, true), gpu = to_device(base, dev, true);
     std::pair<torch::Tensor, torch::Tensor> on_cpu;
     {
-      EmulationScope cpu_forms(false);  // the CPU forms, also where the kernels run emulated
+      test::EmulationScope cpu_forms(false);  // the CPU forms, also where the kernels run emulated
       on_cpu = run_chunk(c, cpu, scale);
     }
     auto [o_cpu, s_cpu] = on_cpu;
@@ -168,7 +150,7 @@ TEST(CudaOps, ChunkMatchesCpuForwardAndGradients) {
     EXPECT_LE(e_s, 1e-4);
     auto dout = torch::randn_like(o_cpu);
     {
-      EmulationScope cpu_forms(false);
+      test::EmulationScope cpu_forms(false);
       (o_cpu * dout).sum().backward();
     }
     (o_gpu * dout.to(dev)).sum().backward();
@@ -514,7 +496,7 @@ TEST(CudaOps, DecayGradientKernelMatchesLibtorch) {
         auto on_dev = [&](const torch::Tensor& t) { return t.defined() ? t.to(dev) : t; };
         torch::Tensor want;
         {
-          EmulationScope cpu_form(false);
+          test::EmulationScope cpu_form(false);
           want = ops::detail::walk_decay_gradient(dot_q, dot_k, dot_w, C, d_final, final_state);
         }
         const auto got = ops::detail::walk_decay_gradient(on_dev(dot_q), on_dev(dot_k), on_dev(dot_w), C,
@@ -791,7 +773,7 @@ TEST(CudaMixers, FusedChunkUnderAutocastMatchesLibtorch) {
 }
 
 TEST(CudaMixers, DecodeMatchesForwardAndCpu) {
-  REQUIRE_CUDA();
+  REQUIRE_KERNELS();
   NoTf32 no_tf32;
   at::globalContext().setAllowTF32CuDNN(false);  // short convolutions
   const int64_t B = 2, T = 40;
@@ -809,9 +791,13 @@ TEST(CudaMixers, DecodeMatchesForwardAndCpu) {
     }
     torch::NoGradGuard no_grad;
     auto x = torch::randn({B, T, cfg.hidden_size});
-    auto full_cpu = m->forward(x, nullptr);
-    m->to(torch::kCUDA);
-    auto xg = x.to(torch::kCUDA);
+    torch::Tensor full_cpu;
+    {
+      test::EmulationScope cpu_forms(false);
+      full_cpu = m->forward(x, nullptr);
+    }
+    m->to(dev);
+    auto xg = x.to(dev);
     auto full = m->forward(xg, nullptr);
     LayerState s;
     std::vector<torch::Tensor> ys;

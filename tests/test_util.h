@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "io/hf_config.h"
+#include "ops/ops.h"
 
 namespace linearize::test {
 
@@ -99,6 +100,26 @@ inline ToolRun run_tool(const std::string& args) {
   const int status = pclose(p);
   return {WEXITSTATUS(status), out};
 }
+
+// Kernel emulation (ops/cuda/emulation) on or off for a scope, as it was before afterwards: the CPU
+// build's kernel tests run the kernels on CPU tensors with it on, their CPU references with it off.
+class EmulationScope {
+ public:
+  explicit EmulationScope(bool on) : was_(emulating_) {
+    emulating_ = on;
+    ops::set_kernel_emulation(on);
+  }
+  ~EmulationScope() {
+    emulating_ = was_;
+    ops::set_kernel_emulation(was_);
+  }
+  EmulationScope(const EmulationScope&) = delete;
+  EmulationScope& operator=(const EmulationScope&) = delete;
+
+ private:
+  static inline bool emulating_ = false;
+  bool was_;
+};
 
 }  // namespace linearize::test
 
