@@ -5,8 +5,12 @@
 
 #ifdef LINEARIZE_CUDA_EMULATION
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -125,9 +129,9 @@ TEST(Simt, DivergenceIsReported) {
   });
   EXPECT_NE(left.find("returned while the others wait"), std::string::npos) << left;
   // After an error the emulator takes the next launch as usual.
-  int ran = 0;
-  launch(dim3(1), dim3(32), 0, [&] { ++ran; });
-  EXPECT_EQ(ran, 32);
+  std::vector<int> ran(32, 0);
+  launch(dim3(1), dim3(32), 0, [&] { ran[threadIdx.x] = 1; });
+  EXPECT_EQ(std::accumulate(ran.begin(), ran.end(), 0), 32);
 }
 
 // Dynamic shared memory starts every block as 0xff bytes: a kernel reading what it never wrote gets NaN.
@@ -142,6 +146,46 @@ TEST(Simt, DynamicSharedMemoryStartsAsNaN) {
   });
   EXPECT_TRUE(std::isnan(seen[0]));
   EXPECT_TRUE(std::isnan(seen[1]));
+}
+
+// In the racecheck build (LINEARIZE_RACECHECK, scripts/racecheck.sh), a kernel whose warp 1 reads what
+// warp 0 wrote with no barrier between is reported by ThreadSanitizer, and the same kernel with the
+// barrier is not. Each runs in a child process of this binary, as TSan reports at its exit (status 66).
+TEST(Simt, RacecheckReportsAnUnorderedRead) {
+#ifndef LINEARIZE_RACECHECK
+  GTEST_SKIP() << "skipped: not a racecheck build (scripts/racecheck.sh)";
+#else
+  if (const char* child = std::getenv("LINEARIZE_SIMT_RACE_CHILD")) {
+    const bool barrier = std::string(child) == "barrier";
+    std::vector<float> out(64);
+    launch(dim3(1), dim3(64), 0, [&] {
+      __shared__ float cell[32];
+      const int t = static_cast<int>(threadIdx.x);
+      if (t < 32) cell[t] = static_cast<float>(t);
+      if (barrier) __syncthreads();
+      if (t >= 32) out[t] = cell[t - 32];
+    });
+    return;
+  }
+  char self[4096] = {};
+  ASSERT_GT(readlink("/proc/self/exe", self, sizeof self - 1), 0);
+  auto run_child = [&](const char* mode, int& status) {
+    const std::string cmd = std::string("LINEARIZE_SIMT_RACE_CHILD=") + mode + " '" + self +
+                            "' --gtest_filter=Simt.RacecheckReportsAnUnorderedRead 2>&1";
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    status = pclose(p);
+    return out;
+  };
+  int racy_status = 0, ordered_status = 0;
+  const auto racy = run_child("none", racy_status), ordered = run_child("barrier", ordered_status);
+  EXPECT_NE(racy.find("ThreadSanitizer: data race"), std::string::npos) << racy;
+  EXPECT_NE(racy_status, 0);
+  EXPECT_EQ(ordered.find("ThreadSanitizer"), std::string::npos) << ordered;
+  EXPECT_EQ(ordered_status, 0) << ordered;
+#endif
 }
 
 }  // namespace

@@ -5,6 +5,10 @@
 #include "ops/cuda/emulation/simt.h"
 
 #include <sys/mman.h>
+#ifdef LINEARIZE_RACECHECK
+#include <sanitizer/tsan_interface.h>
+extern "C" void __tsan_read16(void* addr);  // what instrumented code calls before a 16-byte load
+#endif
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
@@ -57,6 +61,30 @@ simt_switch:
 
 namespace linearize::simt {
 namespace {
+
+// ---- race detection (the racecheck build, LINEARIZE_RACECHECK) -------------------------------------------
+// The kernels' translation units are compiled with ThreadSanitizer and this file without it, so that TSan
+// sees the kernels' memory accesses and none of the scheduler's. Each emulated thread is a TSan fiber;
+// switching between them orders nothing; __syncthreads and each warp collective order what came before
+// them in every participant before what comes after (a release by each arriving thread, an acquire by
+// each leaving one), and the end of a block orders it before the next. Any two accesses to one address,
+// one a write, that these do not order are reported as a data race: racecheck's shared-memory hazards,
+// and the same for global memory within a block.
+#ifdef LINEARIZE_RACECHECK
+void* race_fiber_create() { return __tsan_create_fiber(0); }
+void* race_current_fiber() { return __tsan_get_current_fiber(); }
+void race_switch(void* to, bool order) { __tsan_switch_to_fiber(to, order ? 0 : __tsan_switch_to_fiber_no_sync); }
+void race_release(void* sync) { __tsan_release(sync); }
+void race_acquire(void* sync) { __tsan_acquire(sync); }
+void race_read16(const void* at) { __tsan_read16(const_cast<void*>(at)); }
+#else
+void* race_fiber_create() { return nullptr; }
+void* race_current_fiber() { return nullptr; }
+void race_switch(void*, bool) {}
+void race_release(void*) {}
+void race_acquire(void*) {}
+void race_read16(const void*) {}
+#endif
 
 #if defined(__x86_64__)
 struct Context {
@@ -120,6 +148,7 @@ struct WarpState {
   LaneOperands in[32];
   uint32_t out[32][4];
   uint64_t value_out[32];
+  char sync[2];  // TSan sync objects (their addresses)
 };
 
 struct Fiber {
@@ -127,6 +156,9 @@ struct Fiber {
   char* stack = nullptr;
   uint3 index{};
   Wait wait = Wait::None;
+  void* race = nullptr;  // its TSan fiber (racecheck build)
+  bool entered = false;
+  int barriers = 0, collectives = 0;  // passed so far: which of two sync objects the next one uses
 };
 
 struct Block {
@@ -135,12 +167,15 @@ struct Block {
   int live = 0, arrived = 0;
   int current = -1;
   Context scheduler;
+  void* scheduler_race = nullptr;
+  char barrier_sync[2], end_sync;  // TSan sync objects (their addresses)
   const std::function<void()>* body = nullptr;
   std::string error;
 };
 
 thread_local Block* g_block = nullptr;
 thread_local std::vector<char*> g_stacks;
+thread_local std::vector<void*> g_race_fibers;  // TSan fibers, one a thread slot, kept like the stacks
 thread_local std::vector<unsigned char> g_shared;
 
 char* stack_for(size_t i) {
@@ -150,6 +185,11 @@ char* stack_for(size_t i) {
     g_stacks.push_back(static_cast<char*>(p));
   }
   return g_stacks[i];
+}
+
+void* race_fiber_for(size_t i) {
+  while (g_race_fibers.size() <= i) g_race_fibers.push_back(race_fiber_create());
+  return g_race_fibers[i];
 }
 
 Fiber& current_fiber() { return g_block->fibers[static_cast<size_t>(g_block->current)]; }
@@ -163,12 +203,18 @@ int warp_of(const Fiber& f) {
 }
 
 // Back to the scheduler until this fiber is released.
+void to_scheduler(Fiber& f) {
+  race_switch(g_block->scheduler_race, false);
+  switch_context(f.context, g_block->scheduler);
+}
+
 void yield_fiber() {
   Fiber& f = current_fiber();
-  switch_context(f.context, g_block->scheduler);
+  to_scheduler(f);
   if (!g_block->error.empty()) {  // another thread failed: park this one for good
     f.wait = Wait::Done;
-    switch_context(f.context, g_block->scheduler);
+    race_release(&g_block->end_sync);
+    to_scheduler(f);
   }
 }
 
@@ -180,7 +226,8 @@ void fail(const std::string& what) {
                      std::to_string(f.index.y) + "," + std::to_string(f.index.z) + "): " + what;
   }
   current_fiber().wait = Wait::Done;
-  switch_context(current_fiber().context, g_block->scheduler);
+  race_release(&g_block->end_sync);
+  to_scheduler(current_fiber());
 }
 
 void release_block() {
@@ -301,12 +348,17 @@ void arrive(Collective c, const LaneOperands& op) {
     fail(std::string(name(c)) + " needs all 32 lanes of the warp, " + std::to_string(w.live) + " are running");
   w.pending = c;
   w.in[lane] = op;
+  char* sync = &w.sync[f.collectives++ % 2];
+  race_release(sync);
   if (++w.arrived < w.live) {
     f.wait = Wait::Warp;
     yield_fiber();
+    race_acquire(sync);
     return;
   }
+  race_acquire(sync);
   complete(w, c, w.live);
+  race_release(sync);  // what the collective wrote for the lanes, before they acquire
   w.arrived = 0;
   w.pending = Collective::None;
   const int warp = warp_of(f);
@@ -327,7 +379,8 @@ void fiber_main() {
     g_block->error = std::string("simt: a lane of warp ") + std::to_string(warp_of(f)) + " of block (" +
                      std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
                      std::to_string(blockIdx.z) + ") returned while the others wait at " + name(w.pending);
-  switch_context(f.context, g_block->scheduler);
+  race_release(&g_block->end_sync);
+  to_scheduler(f);
 }
 
 void run_block(Block& block, size_t threads) {
@@ -343,6 +396,9 @@ void run_block(Block& block, size_t threads) {
     f.wait = Wait::None;
     f.stack = stack_for(i);
     start_context(f.context, f.stack, kStackBytes, fiber_main);
+    f.race = race_fiber_for(i);
+    f.entered = false;
+    f.barriers = f.collectives = 0;
   }
   size_t done = 0;
   while (done < threads && block.error.empty()) {
@@ -357,6 +413,8 @@ void run_block(Block& block, size_t threads) {
       if (f.wait != Wait::None) continue;
       block.current = static_cast<int>(i);
       threadIdx = f.index;
+      race_switch(f.race, !f.entered);  // a thread starts after what came before the block
+      f.entered = true;
       switch_context(block.scheduler, f.context);
       progressed = true;
     }
@@ -369,6 +427,7 @@ void run_block(Block& block, size_t threads) {
                     " at a warp collective that the others never reach";
     }
   }
+  race_acquire(&block.end_sync);  // the block before what comes after it
 }
 
 }  // namespace
@@ -384,6 +443,7 @@ void launch(dim3 grid, dim3 block_dim, size_t smem_bytes, const std::function<vo
   g_shared.resize(smem_bytes + 128);
   Block block;
   block.body = &body;
+  block.scheduler_race = race_current_fiber();
   g_block = &block;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
@@ -407,12 +467,15 @@ unsigned char* dynamic_shared() {
 
 void sync_block() {
   Fiber& f = current_fiber();
+  char* sync = &g_block->barrier_sync[f.barriers++ % 2];
+  race_release(sync);
   if (++g_block->arrived == g_block->live) {
     release_block();
-    return;
+  } else {
+    f.wait = Wait::Block;
+    yield_fiber();
   }
-  f.wait = Wait::Block;
-  yield_fiber();
+  race_acquire(sync);
 }
 
 void sync_warp() { arrive(Collective::Sync, LaneOperands{}); }
@@ -446,6 +509,7 @@ void mma(Collective c, float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b
 
 void load_matrices_x4(uint32_t (&r)[4], const void* row, bool trans) {
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0) fail("ldmatrix from a row address that is not 16-byte aligned");
+  race_read16(row);  // the warp reads every lane's row
   LaneOperands op{};
   op.address = row, op.arg = trans ? 1 : 0;
   arrive(Collective::LoadMatrices, op);

@@ -16,9 +16,13 @@
 // written shows it in its results; and since a block's threads run in order up to each barrier, a missing
 // __syncthreads usually shows the same way.
 //
-// What it does not model: timing, memory ordering between threads other than at barriers (a race the
-// barriers do not order is not found: use compute-sanitizer on the GPU), asynchronous copies (they complete
-// at once), and rounding inside mma.sync (products summed in fp32 in order of k).
+// Races: the racecheck build (LINEARIZE_RACECHECK, scripts/racecheck.sh) compiles the kernels with
+// ThreadSanitizer, each emulated thread a TSan fiber, barriers and collectives as its release/acquire
+// pairs (simt.cpp), and TSan reports any two accesses to one address, one a write, that they leave
+// unordered. Blocks are ordered one after another, so races between blocks are not seen.
+//
+// What it does not model: timing, asynchronous copies (they complete at once), and rounding inside
+// mma.sync (products summed in fp32 in order of k).
 #pragma once
 #include <cmath>
 #include <cstddef>
