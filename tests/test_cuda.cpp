@@ -11,8 +11,8 @@
 // The tests of (a), (b) and the decode test of (c) check kernels: without a GPU they run them on the CPU
 // build's SIMT emulator (ops/cuda/emulation/simt.h), so that CI checks the kernels' arithmetic too (the
 // libtorch form is not run in fp16 there: libtorch 1.13 has no fp16 products on the CPU). The rest need
-// a GPU and skip without one. The CUDA golden checks of the op families (also emulated) and the Llama teacher sit with
-// their CPU twins (test_ops.cpp, test_llama.cpp).
+// a GPU and skip without one. The CUDA golden checks of the op families (also emulated) and the Llama
+// teacher sit with their CPU twins (test_ops.cpp, test_llama.cpp).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
