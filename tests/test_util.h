@@ -105,19 +105,12 @@ inline ToolRun run_tool(const std::string& args) {
 // build's kernel tests run the kernels on CPU tensors with it on, their CPU references with it off.
 class EmulationScope {
  public:
-  explicit EmulationScope(bool on) : was_(emulating_) {
-    emulating_ = on;
-    ops::set_kernel_emulation(on);
-  }
-  ~EmulationScope() {
-    emulating_ = was_;
-    ops::set_kernel_emulation(was_);
-  }
+  explicit EmulationScope(bool on) : was_(ops::kernel_emulation_enabled()) { ops::set_kernel_emulation(on); }
+  ~EmulationScope() { ops::set_kernel_emulation(was_); }
   EmulationScope(const EmulationScope&) = delete;
   EmulationScope& operator=(const EmulationScope&) = delete;
 
  private:
-  static inline bool emulating_ = false;
   bool was_;
 };
 

@@ -262,6 +262,8 @@ void set_kernel_emulation(bool on) {
   g_emulation = on;
 }
 
+bool kernel_emulation_enabled() { return g_emulation; }
+
 bool on_kernel_device(const torch::Tensor& t) { return t.is_cuda() || (g_emulation && t.is_cpu()); }
 
 }  // namespace linearize::ops

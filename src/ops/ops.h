@@ -66,6 +66,7 @@ bool fused_kernels_enabled();  // compiled in (for CUDA or the emulator) and on
 // Off by default; set_kernel_emulation(true) throws in a build without the emulator.
 bool kernel_emulation_available();
 void set_kernel_emulation(bool on);
+bool kernel_emulation_enabled();
 // Whether the fused kernels take t: a CUDA tensor, or a CPU one while emulation is on.
 bool on_kernel_device(const torch::Tensor& t);
 

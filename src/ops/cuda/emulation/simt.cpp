@@ -18,7 +18,8 @@ extern "C" void __tsan_read16(void* addr);  // what instrumented code calls befo
 #include <string>
 #include <vector>
 
-#include "ops/cuda/emulation/include/cuda_fp16.h"  // half_to_float
+#include "ops/cuda/emulation/include/cuda_bf16.h"
+#include "ops/cuda/emulation/include/cuda_fp16.h"
 
 thread_local uint3 threadIdx, blockIdx;
 thread_local dim3 blockDim, gridDim;
@@ -140,7 +141,6 @@ struct LaneOperands {
   const void* address;
   Shuffle kind;
   int arg, width;
-  unsigned mask;
 };
 struct WarpState {
   Collective pending = Collective::None;
@@ -155,6 +155,7 @@ struct Fiber {
   Context context;
   char* stack = nullptr;
   uint3 index{};
+  int warp = 0, lane = 0;  // of the block's threads in linear order
   Wait wait = Wait::None;
   void* race = nullptr;  // its TSan fiber (racecheck build)
   bool entered = false;
@@ -193,13 +194,12 @@ void* race_fiber_for(size_t i) {
 }
 
 Fiber& current_fiber() { return g_block->fibers[static_cast<size_t>(g_block->current)]; }
-int lane_of(const Fiber& f) {
-  const unsigned linear = f.index.x + blockDim.x * (f.index.y + blockDim.y * f.index.z);
-  return static_cast<int>(linear % 32);
-}
-int warp_of(const Fiber& f) {
-  const unsigned linear = f.index.x + blockDim.x * (f.index.y + blockDim.y * f.index.z);
-  return static_cast<int>(linear / 32);
+WarpState& warp_state(const Fiber& f) { return g_block->warps[static_cast<size_t>(f.warp)]; }
+
+// "simt: block (x,y,z)", where an error message starts.
+std::string block_name() {
+  return "simt: block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
+         std::to_string(blockIdx.z) + ")";
 }
 
 // Back to the scheduler until this fiber is released.
@@ -208,26 +208,17 @@ void to_scheduler(Fiber& f) {
   switch_context(f.context, g_block->scheduler);
 }
 
-void yield_fiber() {
-  Fiber& f = current_fiber();
-  to_scheduler(f);
-  if (!g_block->error.empty()) {  // another thread failed: park this one for good
-    f.wait = Wait::Done;
-    race_release(&g_block->end_sync);
-    to_scheduler(f);
-  }
-}
+// The scheduler resumes no thread once the block has failed, so this returns only when released.
+void yield_fiber() { to_scheduler(current_fiber()); }
 
+// Ends the block with an error naming this thread; does not return.
 void fail(const std::string& what) {
-  if (g_block->error.empty()) {
-    const Fiber& f = current_fiber();
-    g_block->error = "simt: block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
-                     std::to_string(blockIdx.z) + ") thread (" + std::to_string(f.index.x) + "," +
-                     std::to_string(f.index.y) + "," + std::to_string(f.index.z) + "): " + what;
-  }
-  current_fiber().wait = Wait::Done;
+  Fiber& f = current_fiber();
+  g_block->error = block_name() + " thread (" + std::to_string(f.index.x) + "," + std::to_string(f.index.y) +
+                   "," + std::to_string(f.index.z) + "): " + what;
+  f.wait = Wait::Done;
   race_release(&g_block->end_sync);
-  to_scheduler(current_fiber());
+  to_scheduler(f);
 }
 
 void release_block() {
@@ -269,7 +260,7 @@ void complete_load_matrices(WarpState& w, bool trans) {
 
 float widen16(uint32_t word, int which, bool half) {
   const auto bits = static_cast<uint16_t>(which ? word >> 16 : word & 0xffff);
-  return half ? half_to_float(bits) : __uint_as_float(static_cast<uint32_t>(bits) << 16);
+  return half ? half_to_float(bits) : __bfloat162float(__nv_bfloat16{bits});
 }
 
 // Each lane's d = c + (A B)(r, col) for its four result elements: d[0..1] = D(g, 2t..2t+1), d[2..3] =
@@ -321,7 +312,6 @@ void complete_mma_tf32(WarpState& w) {
 }
 
 void complete(WarpState& w, Collective c, int lanes) {
-  if (c != Collective::Sync && c != Collective::Shuffle && lanes != 32) return;  // reported by the caller
   switch (c) {
     case Collective::Shuffle: complete_shuffles(w, lanes); break;
     case Collective::LoadMatrices: complete_load_matrices(w, w.in[0].arg != 0); break;
@@ -336,10 +326,9 @@ void complete(WarpState& w, Collective c, int lanes) {
 // arrived and the collective is complete.
 void arrive(Collective c, const LaneOperands& op) {
   Fiber& f = current_fiber();
-  WarpState& w = g_block->warps[static_cast<size_t>(warp_of(f))];
-  const int lane = lane_of(f);
+  WarpState& w = warp_state(f);
   if (w.arrived > 0 && w.pending != c)
-    fail(std::string("warp divergence: lane ") + std::to_string(lane) + " reached " + name(c) +
+    fail(std::string("warp divergence: lane ") + std::to_string(f.lane) + " reached " + name(c) +
          " while other lanes wait at " + name(w.pending));
   if (w.live < w.started)
     fail(std::string(name(c)) + " over the full warp after " + std::to_string(w.started - w.live) +
@@ -347,7 +336,7 @@ void arrive(Collective c, const LaneOperands& op) {
   if (c != Collective::Sync && c != Collective::Shuffle && w.live != 32)
     fail(std::string(name(c)) + " needs all 32 lanes of the warp, " + std::to_string(w.live) + " are running");
   w.pending = c;
-  w.in[lane] = op;
+  w.in[f.lane] = op;
   char* sync = &w.sync[f.collectives++ % 2];
   race_release(sync);
   if (++w.arrived < w.live) {
@@ -361,9 +350,9 @@ void arrive(Collective c, const LaneOperands& op) {
   race_release(sync);  // what the collective wrote for the lanes, before they acquire
   w.arrived = 0;
   w.pending = Collective::None;
-  const int warp = warp_of(f);
-  for (auto& other : g_block->fibers)
-    if (other.wait == Wait::Warp && warp_of(other) == warp) other.wait = Wait::None;
+  Fiber* lanes = &g_block->fibers[static_cast<size_t>(32 * f.warp)];
+  for (int l = 0; l < w.started; ++l)
+    if (lanes[l].wait == Wait::Warp) lanes[l].wait = Wait::None;
 }
 
 void fiber_main() {
@@ -371,14 +360,13 @@ void fiber_main() {
   Fiber& f = current_fiber();
   f.wait = Wait::Done;
   --g_block->live;
-  --g_block->warps[static_cast<size_t>(warp_of(f))].live;
-  // A barrier or collective the others wait at may now be complete without this thread.
+  WarpState& w = warp_state(f);
+  --w.live;
+  // A barrier the others wait at may now be complete without this thread.
   if (g_block->arrived > 0 && g_block->arrived == g_block->live) release_block();
-  WarpState& w = g_block->warps[static_cast<size_t>(warp_of(f))];
   if (w.arrived > 0)
-    g_block->error = std::string("simt: a lane of warp ") + std::to_string(warp_of(f)) + " of block (" +
-                     std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
-                     std::to_string(blockIdx.z) + ") returned while the others wait at " + name(w.pending);
+    g_block->error = block_name() + ": a lane of warp " + std::to_string(f.warp) +
+                     " returned while the others wait at " + name(w.pending);
   race_release(&g_block->end_sync);
   to_scheduler(f);
 }
@@ -393,6 +381,7 @@ void run_block(Block& block, size_t threads) {
     Fiber& f = block.fibers[i];
     f.index = {static_cast<unsigned>(i % blockDim.x), static_cast<unsigned>(i / blockDim.x % blockDim.y),
                static_cast<unsigned>(i / (blockDim.x * blockDim.y))};
+    f.warp = static_cast<int>(i / 32), f.lane = static_cast<int>(i % 32);
     f.wait = Wait::None;
     f.stack = stack_for(i);
     start_context(f.context, f.stack, kStackBytes, fiber_main);
@@ -421,8 +410,7 @@ void run_block(Block& block, size_t threads) {
     if (!progressed && done < threads && block.error.empty()) {
       int at_block = 0, at_warp = 0;
       for (const auto& f : block.fibers) at_block += f.wait == Wait::Block, at_warp += f.wait == Wait::Warp;
-      block.error = "simt: block (" + std::to_string(blockIdx.x) + "," + std::to_string(blockIdx.y) + "," +
-                    std::to_string(blockIdx.z) + ") cannot go on: " + std::to_string(at_block) +
+      block.error = block_name() + " cannot go on: " + std::to_string(at_block) +
                     " threads wait at __syncthreads and " + std::to_string(at_warp) +
                     " at a warp collective that the others never reach";
     }
@@ -436,8 +424,7 @@ void launch(dim3 grid, dim3 block_dim, size_t smem_bytes, const std::function<vo
   const size_t threads = static_cast<size_t>(block_dim.x) * block_dim.y * block_dim.z;
   if (threads == 0 || threads > 1024)
     throw std::runtime_error("simt: a block of " + std::to_string(threads) + " threads (1 to 1024 expected)");
-  Block* outer = g_block;
-  if (outer) throw std::runtime_error("simt: a launch from inside a kernel");
+  if (g_block) throw std::runtime_error("simt: a launch from inside a kernel");
   gridDim = grid;
   blockDim = block_dim;
   g_shared.resize(smem_bytes + 128);
@@ -484,16 +471,16 @@ uint64_t shuffle(unsigned mask, uint64_t value, Shuffle kind, int arg, int width
   if (mask != kFullMask) fail("a shuffle with mask " + std::to_string(mask) + ": only the full warp is emulated");
   if (width <= 0 || width > 32 || (width & (width - 1))) fail("a shuffle of width " + std::to_string(width));
   LaneOperands op{};
-  op.value = value, op.kind = kind, op.arg = arg, op.width = width, op.mask = mask;
+  op.value = value, op.kind = kind, op.arg = arg, op.width = width;
   arrive(Collective::Shuffle, op);
-  Fiber& f = current_fiber();
-  return g_block->warps[static_cast<size_t>(warp_of(f))].value_out[lane_of(f)];
+  const Fiber& f = current_fiber();
+  return warp_state(f).value_out[f.lane];
 }
 
 namespace {
 void take_words(uint32_t* r, int n) {
-  Fiber& f = current_fiber();
-  const auto& out = g_block->warps[static_cast<size_t>(warp_of(f))].out[lane_of(f)];
+  const Fiber& f = current_fiber();
+  const auto& out = warp_state(f).out[f.lane];
   for (int i = 0; i < n; ++i) r[i] = out[i];
 }
 void mma(Collective c, float* d, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
