@@ -10,6 +10,11 @@
 #   profile-source  ncu's warp-stall samples per CUDA source line for the kernels matching SOURCE_KERNELS
 #                (default "ut_|delta_") in `ops --quick ${OPS_ARGS}`, summed by bench/gpu/source_hotspots.py
 #   launch       bench/gpu/launch_overhead.sh (issue 8: launch with one GPU vs a plain run)
+#   variants     kernel changes not yet on main, timed against the build they patch: for each patch in
+#                ${VARIANTS:-.device/variants}/*.patch (made by scripts/export_variants.sh), apply it, rebuild,
+#                run the tests of VARIANT_TESTS (a gtest filter, default the fused ops' Cuda tests) and
+#                `ops ${OPS_ARGS}` (with VARIANT_PROFILE=1 also profile-ops), then take it back out; the
+#                unpatched build runs the same bench first. Logs and tables in $OUT/variants/<name>.*
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
 # OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64 --only retnet+",
 # TRAIN_ARGS="--shapes 1.7b --only linear_attention,retnet")
@@ -29,6 +34,48 @@ if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_LIBRA
   echo "build failed:"; grep -E "error|Error" "$OUT/build.log" | head -40; exit 1
 fi
 echo "built in $(( $(date +%s) - start )) s"
+
+# One variant (or the base, with no patch): tests, the ops bench and optionally its profile, into $OUT/variants.
+bench_variant() {
+  local name=$1 dir=$OUT/variants
+  mkdir -p "$dir"
+  build-gpu/linearize_tests --gtest_filter="${VARIANT_TESTS:-CudaOps.Fused*:CudaMixers.*}" > "$dir/$name.tests.log" 2>&1
+  echo "-- $name: $(grep -E '^\[  (PASSED|FAILED)  \]' "$dir/$name.tests.log" | tr '\n' ' ')"
+  timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$dir/$name.md" 2> "$dir/$name.log"
+  cat "$dir/$name.md"
+  if [ "${VARIANT_PROFILE:-0}" = 1 ]; then
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$dir/$name.profile.csv" 2>> "$dir/$name.log"
+    python3 bench/gpu/kernel_times.py "$dir/$name.profile.csv" > "$dir/$name.profile.md"; cat "$dir/$name.profile.md"
+  fi
+}
+
+# apply_patch check|apply|revert FILE on the working tree: git apply where git is, else patch.
+apply_patch() {
+  local -A git=([check]="--check" [apply]="" [revert]="-R") plain=([check]="--dry-run" [apply]="" [revert]="-R")
+  if command -v git > /dev/null; then git apply ${git[$1]} "$2"; else patch -p1 -s ${plain[$1]} < "$2"; fi
+}
+
+run_variants() {
+  local patches=(${VARIANTS:-.device/variants}/*.patch)
+  [ -e "${patches[0]}" ] || { echo "no patches in ${VARIANTS:-.device/variants}"; return; }
+  bench_variant base
+  for p in "${patches[@]}"; do
+    local name
+    name=$(basename "$p" .patch)
+    if ! apply_patch check "$p" 2> "$OUT/variant-$name.apply.log"; then
+      echo "-- $name: does not apply"; cat "$OUT/variant-$name.apply.log"; continue
+    fi
+    apply_patch apply "$p"
+    if cmake --build build-gpu -j"$(nproc)" > "$OUT/variant-$name.build.log" 2>&1; then
+      bench_variant "$name"
+    else
+      echo "-- $name: build failed"; grep -E "error" "$OUT/variant-$name.build.log" | head -20
+    fi
+    apply_patch revert "$p"
+  done
+  cmake --build build-gpu -j"$(nproc)" > "$OUT/variants-rebuild.log" 2>&1
+}
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
@@ -54,6 +101,7 @@ for step in "$@"; do
     bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
     launch) bench/gpu/launch_overhead.sh build-gpu .device/shared/data/tokenizers/smollm2-tokenizer.json \
               .device/shared/data/corpus/tinystories_val.txt /tmp/launch_work > "$OUT/launch.log" 2>&1; cat "$OUT/launch.log" | tail -8 ;;
+    variants) run_variants ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== $step: $(( $(date +%s) - t0 )) s"
