@@ -50,7 +50,7 @@ MLSTM::MLSTM(const MixerConfig& c) : config(c.resolved()) {
 }
 
 torch::Tensor MLSTM::forward(const torch::Tensor& x, LayerState* state) {
-  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
+  const int64_t T = x.size(1), H = config.num_heads;
   const mixers::MixerStep step(state, T);
   auto qh = mixers::split_heads(q(x), H);  // [B,T,H,Dk]
   auto kh = mixers::split_heads(k(x), H);  // [B,T,H,Dk]
