@@ -14,7 +14,8 @@
 #                ${VARIANTS:-.device/variants}/*.patch (made by scripts/export_variants.sh), apply it, rebuild,
 #                run the tests of VARIANT_TESTS (a gtest filter, default the fused ops' Cuda tests) and
 #                `ops ${OPS_ARGS}` (with VARIANT_PROFILE=1 also profile-ops), then take it back out; the
-#                unpatched build runs the same bench first. Logs and tables in $OUT/variants/<name>.*
+#                unpatched build runs the same bench first (not with VARIANT_BASE=0). VARIANT_NAMES="a b" picks
+#                some of the patches (one call has 10 minutes). Logs and tables in $OUT/variants/<name>.*
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
 # OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64 --only retnet+",
 # TRAIN_ARGS="--shapes 1.7b --only linear_attention,retnet")
@@ -59,10 +60,11 @@ apply_patch() {
 run_variants() {
   local patches=(${VARIANTS:-.device/variants}/*.patch)
   [ -e "${patches[0]}" ] || { echo "no patches in ${VARIANTS:-.device/variants}"; return; }
-  bench_variant base
+  [ "${VARIANT_BASE:-1}" = 0 ] || bench_variant base
   for p in "${patches[@]}"; do
     local name
     name=$(basename "$p" .patch)
+    if [ -n "${VARIANT_NAMES:-}" ] && [[ " ${VARIANT_NAMES//,/ } " != *" $name "* ]]; then continue; fi
     if ! apply_patch check "$p" 2> "$OUT/variant-$name.apply.log"; then
       echo "-- $name: does not apply"; cat "$OUT/variant-$name.apply.log"; continue
     fi
