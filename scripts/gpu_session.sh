@@ -12,8 +12,8 @@
 #   launch       bench/gpu/launch_overhead.sh (issue 8: launch with one GPU vs a plain run)
 #   variants     kernel changes not yet on main, timed against the build they patch: for each patch in
 #                ${VARIANTS:-.device/variants}/*.patch (made by scripts/export_variants.sh), apply it, rebuild,
-#                run the tests of VARIANT_TESTS (a gtest filter, default the fused ops' Cuda tests) and
-#                `ops ${OPS_ARGS}` (with VARIANT_PROFILE=1 also profile-ops), then take it back out; the
+#                run the tests of VARIANT_TESTS (a gtest filter, default the fused ops' Cuda tests; none: no
+#                tests) and `ops ${OPS_ARGS}` (with VARIANT_PROFILE=1 also profile-ops), then take it back out; the
 #                unpatched build runs the same bench first (not with VARIANT_BASE=0). VARIANT_NAMES="a b" picks
 #                some of the patches (one call has 10 minutes). Logs and tables in $OUT/variants/<name>.*
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
@@ -40,8 +40,10 @@ echo "built in $(( $(date +%s) - start )) s"
 bench_variant() {
   local name=$1 dir=$OUT/variants
   mkdir -p "$dir"
-  build-gpu/linearize_tests --gtest_filter="${VARIANT_TESTS:-CudaOps.Fused*:CudaMixers.*}" > "$dir/$name.tests.log" 2>&1
-  echo "-- $name: $(grep -E '^\[  (PASSED|FAILED)  \]' "$dir/$name.tests.log" | tr '\n' ' ')"
+  if [ "${VARIANT_TESTS:-}" != none ]; then
+    build-gpu/linearize_tests --gtest_filter="${VARIANT_TESTS:-CudaOps.Fused*:CudaMixers.*}" > "$dir/$name.tests.log" 2>&1
+    echo "-- $name: $(grep -E '^\[  (PASSED|FAILED)  \]' "$dir/$name.tests.log" | tr '\n' ' ')"
+  fi
   timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$dir/$name.md" 2> "$dir/$name.log"
   cat "$dir/$name.md"
   if [ "${VARIANT_PROFILE:-0}" = 1 ]; then
