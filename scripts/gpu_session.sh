@@ -41,7 +41,8 @@ bench_variant() {
   local name=$1 dir=$OUT/variants
   mkdir -p "$dir"
   if [ "${VARIANT_TESTS:-}" != none ]; then
-    build-gpu/linearize_tests --gtest_filter="${VARIANT_TESTS:-CudaOps.Fused*:CudaMixers.*}" > "$dir/$name.tests.log" 2>&1
+    build-gpu/linearize_tests --gtest_filter="${VARIANT_TESTS:-CudaOps.Fused*:CudaMixers.*}" \
+      > "$dir/$name.tests.log" 2>&1
     echo "-- $name: $(grep -E '^\[  (PASSED|FAILED)  \]' "$dir/$name.tests.log" | tr '\n' ' ')"
   fi
   timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$dir/$name.md" 2> "$dir/$name.log"
