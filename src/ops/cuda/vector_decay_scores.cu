@@ -438,6 +438,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   __syncthreads();  // dqd and dkd are in place
+  // With the key-key scores, the rows' q, k and gates are read again from shared memory after the barrier
+  // instead of being held in registers through the second pass (which spilled).
+  auto q_of = [&](int i) { return Pair ? to_float(sq[(r0 + i) * S::ld + d]) : qc[i]; };
+  auto k_of = [&](int i) { return Pair ? to_float(sk[(r0 + i) * S::ld + d]) : kc[i]; };
+  auto g_of = [&](int i) { return Pair ? sG[(r0 + i) * S::ld32 + d] : gc[i]; };
   const float g_after = I < kRowTiles - 1 ? sG[(r0 + kSub) * S::ld32 + d] : 0.f;  // reference of the column side
   const float g_start = sG[r0 * S::ld32 + d];                                      // reference of the row side
   const float g_last = sG[(kC - 1) * S::ld32 + d];
@@ -447,8 +452,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int i = 0; i < kSub; ++i) {
       const int r = r0 + i;
-      if (I > 0) rows[i] += P1[r * S::ld32 + d] * __expf(gc[i] - g_start);
-      if (cols && I < kRowTiles - 1) y[i] += P2[r * S::ld32 + d] * __expf(g_after - gc[i]);
+      if (I > 0) rows[i] += P1[r * S::ld32 + d] * __expf(g_of(i) - g_start);
+      if (cols && I < kRowTiles - 1) y[i] += P2[r * S::ld32 + d] * __expf(g_after - g_of(i));
     }
   };
   add_sides(x, !Pair);
@@ -457,12 +462,12 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int i = 0; i < kSub; ++i) {
     const int r = r0 + i;
-    const float ekd = __expf(g_last - gc[i]), dkd_r = to_float(sdkd[r * S::ld + d]);
-    x[i] += scale * __expf(gc[i]) * to_float(sdqd[r * S::ld + d]);
+    const float ekd = __expf(g_last - g_of(i)), dkd_r = to_float(sdkd[r * S::ld + d]);
+    x[i] += scale * __expf(g_of(i)) * to_float(sdqd[r * S::ld + d]);
     y[i] += ekd * dkd_r;
     kd_dkd += kc[i] * ekd * dkd_r;
     if (at.live(r)) dq[at.row(r) + d] = from_float<E>(x[i]);
-    dG[i] = qc[i] * x[i];
+    dG[i] = q_of(i) * x[i];
   }
   if constexpr (Pair) {  // the same products again for dAkk, with the keys from row m on
     RowPrefetch<kD, E> rdek;
@@ -480,12 +485,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();
     add_sides(xk, true);
 #pragma unroll
-    for (int i = 0; i < kSub; ++i) xk[i] += __expf(gc[i]) * to_float(sdqd[(r0 + i) * S::ld + d]);
+    for (int i = 0; i < kSub; ++i) xk[i] += __expf(g_of(i)) * to_float(sdqd[(r0 + i) * S::ld + d]);
   }
 #pragma unroll
   for (int i = 0; i < kSub; ++i) {
     if (at.live(r0 + i)) dk[at.row(r0 + i) + d] = from_float<E>(xk[i] + y[i]);
-    dG[i] += kc[i] * (xk[i] - y[i]);
+    dG[i] += k_of(i) * (xk[i] - y[i]);
   }
   // Row 63 also carries Gl: Σ_r kd ⊙ dkd over the whole chunk and a ⊙ da.
   float *sums = P1, *totals = P2;  // the products are read
