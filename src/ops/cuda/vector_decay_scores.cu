@@ -145,40 +145,53 @@ __device__ __forceinline__ E* ref(E* X, int m) {
   return X + (m / kSub - 1) * kC * Pads::ld;
 }
 
-// A stretch of reference rows: rows r0 .. r1-1 of X_m into dst (at the same row numbers), the keys before
-// row m decayed up to it, k[r] exp(G[m] - G[r]), and from row m on `rows` (q or k) decayed from it,
-// rows[r] exp(G[r] - G[m]).
-template <typename E>
-struct RefRows {
-  E* dst;
-  const E* rows;
-  int m, r0, r1;
+// Which rows of the reference rows to form: rows from[i] .. to[i] - 1 of X_m, m = 16 (i + 1).
+struct RefSpans {
+  int from[kRefs], to[kRefs];
 };
 
-// The stretches, their 16-byte words spread over the block (S is known at compile time and the loop over
-// the stretches unrolled, so their fields stay in registers).
-template <int S, typename E>
-__device__ void reference_rows(const RefRows<E> (&stretch)[S], const E* sk, const float* sG) {
-  int total = 0;
+// The reference rows X_16, X_32, X_48 over their spans (at the same row numbers): the keys before row m
+// decayed up to it, k[r] exp(G[m] - G[r]), and from row m on `rows` (q or k) decayed from it,
+// rows[r] exp(G[r] - G[m]). With Y (the forward's key-key scores) also, for the rows r >= 16, the keys
+// decayed from the first row m of their own sub-chunk, k[r] exp(G[r] - G[m]): the factor X_m's row r
+// takes, so X_m's span must hold the rows of sub-chunk m / 16. Thread by 16-byte word (row r, channels
+// c .. c+7): it reads k[r], rows[r] and G[r] once and forms every X_m that takes row r.
+template <typename E>
+__device__ void reference_rows(E* X, const E* rows, const E* sk, const float* sG, const RefSpans& span,
+                               E* Y = nullptr) {
+  int lo = kC, hi = 0;
 #pragma unroll
-  for (int s = 0; s < S; ++s) total += (stretch[s].r1 - stretch[s].r0) * (kD / 8);
-  for (int i = threadIdx.x; i < total; i += kThreads) {
-    int e = i;
+  for (int i = 0; i < kRefs; ++i) {
+    lo = span.from[i] < lo ? span.from[i] : lo;
+    hi = span.to[i] > hi ? span.to[i] : hi;
+  }
+  for (int w = lo * (kD / 8) + threadIdx.x; w < hi * (kD / 8); w += kThreads) {
+    const int r = w / (kD / 8), c = (w % (kD / 8)) * 8;
+    const uint4 kw = *reinterpret_cast<const uint4*>(sk + r * Pads::ld + c);
+    const uint4 rw = *reinterpret_cast<const uint4*>(rows + r * Pads::ld + c);
+    float gr[8];
+    load8(sG + r * Pads::ld32 + c, gr);
 #pragma unroll
-    for (int s = 0; s < S; ++s) {
-      const RefRows<E>& x = stretch[s];
-      const int words = (x.r1 - x.r0) * (kD / 8);
-      if (e >= 0 && e < words) {
-        const int r = x.r0 + e / (kD / 8), c = (e % (kD / 8)) * 8;
-        const bool key = r < x.m;
-        float v[8];
-        unpack8<E>(*reinterpret_cast<const uint4*>((key ? sk : x.rows) + r * Pads::ld + c), v);
-        const float *gr = sG + r * Pads::ld32 + c, *gm = sG + x.m * Pads::ld32 + c;
+    for (int i = 0; i < kRefs; ++i) {
+      const int m = kSub * (i + 1);
+      if (r < span.from[i] || r >= span.to[i]) continue;
+      const bool key = r < m, own = Y != nullptr && !key && r < m + kSub;  // own: Y's row too
+      float gm[8], v[8], y[8];
+      load8(sG + m * Pads::ld32 + c, gm);
+      unpack8<E>(kw, y);
+      if (key) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] *= __expf(key ? gm[j] - gr[j] : gr[j] - gm[j]);
-        *reinterpret_cast<uint4*>(x.dst + r * Pads::ld + c) = pack8<E>(v);
+        for (int j = 0; j < 8; ++j) v[j] = y[j];
+      } else {
+        unpack8<E>(rw, v);
       }
-      e -= words;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float f = __expf(key ? gm[j] - gr[j] : gr[j] - gm[j]);
+        v[j] *= f, y[j] *= f;
+      }
+      *reinterpret_cast<uint4*>(ref(X, m) + r * Pads::ld + c) = pack8<E>(v);
+      if (own) *reinterpret_cast<uint4*>(Y + r * Pads::ld + c) = pack8<E>(y);
     }
   }
 }
@@ -240,14 +253,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __syncthreads();
   // Only the rows the products read: X_m up to sub-chunk m / 16, and for the key-key scores Y, whose
   // sub-chunk I >= 1 holds its own keys decayed from its first row (the row side of Akk's blocks).
-  if constexpr (Pair) {
-    const RefRows<E> rows[] = {{X, sq, 16, 0, 32},  {ref(X, 32), sq, 32, 0, 48}, {ref(X, 48), sq, 48, 0, 64},
-                               {Y, sk, 16, 16, 32}, {Y, sk, 32, 32, 48},         {Y, sk, 48, 48, 64}};
-    reference_rows(rows, sk, sG);
-  } else {
-    const RefRows<E> rows[] = {{X, sq, 16, 0, 32}, {ref(X, 32), sq, 32, 0, 48}, {ref(X, 48), sq, 48, 0, 64}};
-    reference_rows(rows, sk, sG);
-  }
+  reference_rows(X, sq, sk, sG, RefSpans{{0, 0, 0}, {32, 48, 64}}, Pair ? Y : nullptr);
   // The walk's row factors.
   const float* Gl = sG + (kC - 1) * S::ld32;
   for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
@@ -400,10 +406,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         *reinterpret_cast<const uint4*>(dAkk + at.square() + (I * kSub + i) * kC + I * kSub + 8 * h);
   }
   __syncthreads();
-  {
-    const RefRows<E> rows[] = {{X, sq, 16, 0, 64}, {ref(X, 32), sq, 32, 0, 64}, {ref(X, 48), sq, 48, 0, 64}};
-    reference_rows(rows, sk, sG);
-  }
+  reference_rows(X, sq, sk, sG, RefSpans{{0, 0, 0}, {64, 64, 64}});
   __syncthreads();
   side_products(sdA, X, P1, P2, scale);
   __syncthreads();
@@ -473,10 +476,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     RowPrefetch<kD, E> rdek;
     rA.fetch(dAkk + at.square(), kC, 0, kC), rdek.fetch(dek + at.rows(), kD, 0, kC);
     __syncthreads();  // the products, dA, dqd and dkd are read
-    {  // X_16 and X_32 whole again (dqd and dkd took their place), X_48 from row 48 on
-      const RefRows<E> rows[] = {{X, sk, 16, 0, 64}, {ref(X, 32), sk, 32, 0, 64}, {ref(X, 48), sk, 48, 48, 64}};
-      reference_rows(rows, sk, sG);
-    }
+    // X_16 and X_32 whole again (dqd and dkd took their place), X_48 from row 48 on.
+    reference_rows(X, sk, sk, sG, RefSpans{{0, 0, 48}, {64, 64, 64}});
     rA.put(sdA, S::ld);
     __syncthreads();
     side_products(sdA, X, P1, P2, 1.f, /*add_cols=*/true);
