@@ -289,7 +289,9 @@ __global__ void __launch_bounds__(kThreads, 3)
     store_tile16((keys ? Akk : A) + at.square() + I * kSub * kC + J * kSub, acc, kC);
   }
   // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; below, sG holds them from
-  // each sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i. Thread (I, p, e):
+  // each sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i, which the thread
+  // multiplies into the column's key k[j] step by step (one product a channel and step, shared by both
+  // scores, then one fused multiply-add each). Thread (I, p, e):
   // sub-chunk I, columns p and 15 - p (16 - p and p + 1 rows: 17 together), channels 8e .. 8e + 7, the sum
   // over channels across the 8 lanes of (I, p). The 17 steps are unrolled so that one row's loads and sums
   // overlap the next one's; their sums over the lanes are taken eight steps at a time (steps 0-7 and 8-15 by
@@ -302,29 +304,27 @@ __global__ void __launch_bounds__(kThreads, 3)
       j = second ? r0 + kSub - 1 - p : r0 + p, i = second ? j + t - (kSub - p) : j + t;
     };
     auto put = [&](E* out, int i, int j, float x) { out[(r0 + i % kSub) * kSub + j % kSub] = from_float<E>(x); };
-    float kj[8], f[8], sums[8], sums_kk[8];
+    float kf[8], sums[8], sums_kk[8];  // kf: the column's key k[j] times exp(G[i] - G[j]), step by step
 #pragma unroll
     for (int t = 0; t <= kSub; ++t) {
       int i, j;
       step(t, i, j);
       if (i == j) {
-        unpack8<E>(*reinterpret_cast<const uint4*>(sk + j * S::ld + c), kj);
-#pragma unroll
-        for (int d = 0; d < 8; ++d) f[d] = 1.f;
+        unpack8<E>(*reinterpret_cast<const uint4*>(sk + j * S::ld + c), kf);
       } else {
         float st[8];
         load8(sG + i * S::ld32 + c, st);
 #pragma unroll
-        for (int d = 0; d < 8; ++d) f[d] *= st[d];
+        for (int d = 0; d < 8; ++d) kf[d] *= st[d];
       }
       float x[8], sum = 0.f, sum_kk = 0.f;
       unpack8<E>(*reinterpret_cast<const uint4*>(sq + i * S::ld + c), x);
 #pragma unroll
-      for (int d = 0; d < 8; ++d) sum += x[d] * kj[d] * f[d];
+      for (int d = 0; d < 8; ++d) sum += x[d] * kf[d];
       if constexpr (Pair) {
         unpack8<E>(*reinterpret_cast<const uint4*>(sk + i * S::ld + c), x);
 #pragma unroll
-        for (int d = 0; d < 8; ++d) sum_kk += x[d] * kj[d] * f[d];
+        for (int d = 0; d < 8; ++d) sum_kk += x[d] * kf[d];
       }
       if (t == kSub) {  // the last step alone
         sum = sum8(sum);
