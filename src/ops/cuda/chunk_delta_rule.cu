@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int t0 = n * kC;
     nq.fetch(q + rows.head, rows.row, t0, p.T), nk.fetch(k + rows.head, rows.row, t0, p.T);
     nw.fetch(w + rows.chunked, D, t0, rows.Tp), ndo.fetch(dout + rows.head, rows.row, t0, p.T);
-    nA.fetch(scores + rows.stored_state(n, p.N), kC, 0, kC);
+    nA.fetch_lower(scores + rows.stored_state(n, p.N));
     return fetch_gates(gh, t0, p.T);
   };
   float2 ng = fetch(p.N - 1);

@@ -343,6 +343,17 @@ struct RowPrefetch {
       if (i < kTotal && t0 >= 0 && t0 + r < T) w[j] = *reinterpret_cast<const uint4*>(x + (t0 + r) * stride + c);
     }
   }
+  // A [64, 64] square that holds zeros above its diagonal (scores, their gradients): only the 16-byte words
+  // that reach the diagonal or below are read; the others are the zeros they hold.
+  __device__ __forceinline__ void fetch_lower(const E* __restrict__ x) {
+    static_assert(D == kC, "a square [64, 64]");
+#pragma unroll
+    for (int j = 0; j < kWords; ++j) {
+      const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
+      w[j] = make_uint4(0, 0, 0, 0);
+      if (c <= r) w[j] = *reinterpret_cast<const uint4*>(x + r * D + c);
+    }
+  }
   __device__ __forceinline__ void put(E* dst, int ld) const {
 #pragma unroll
     for (int j = 0; j < kWords; ++j) {

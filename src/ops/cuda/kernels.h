@@ -190,7 +190,8 @@ VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Te
 
 // The walk over the chunks (ops/cuda/chunk_vector_decay.cu): o = qd S + A v, S' = Diag(a) S + kd^T v per
 // chunk. qd, kd [B,H,N*64,64] and v [B,T,H,64], contiguous (one 16-bit dtype); A [B,H,N,64,64] (the same
-// dtype); a [B,H,N,64] fp32 (the chunk's decay per key channel); h0 [B,H,64,64] fp32 or undefined. Returns
+// dtype, zeros above the diagonal as vector_scores_forward gives it); a [B,H,N,64] fp32 (the chunk's decay per
+// key channel); h0 [B,H,64,64] fp32 or undefined. Returns
 // o [B,T,H,64] (v's dtype), the final state fp32 and the state entering every chunk [B,H,N,64,64] (16-bit,
 // for the backward).
 struct VectorWalkForward {

@@ -111,10 +111,12 @@ __device__ void given_scores(float* L, const E* __restrict__ A, const float* bet
 #pragma unroll
   for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
     const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
-    float x[8];
-    unpack8<E>(reinterpret_cast<const uint4*>(A)[i], x);
+    float x[8] = {};
+    if (c < r) {  // a word from the diagonal on is masked whole
+      unpack8<E>(reinterpret_cast<const uint4*>(A)[i], x);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) x[j] = c + j < r ? beta[r] * x[j] : 0.f;
+      for (int j = 0; j < 8; ++j) x[j] = c + j < r ? beta[r] * x[j] : 0.f;
+    }
     store8(L + r * Sizes::ld32 + c, x);
   }
 }

@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Global loads are issued well before their data is needed: dA while the chunk's rows come in, the walk's
   // gradients dqd and dkd while the reference rows and the products are computed (they then take X's place).
   RowPrefetch<kC, E> rA;
-  rA.fetch(dA + at.square(), kC, 0, kC);
+  rA.fetch_lower(dA + at.square());
   load_chunk(sq, sk, sG, P2, q, k, g, at);  // the products come later
   rA.put(sdA, S::ld);
   RowPrefetch<kD, E> rdq, rdk;
@@ -474,7 +474,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   if constexpr (Pair) {  // the same products again for dAkk, with the keys from row m on
     RowPrefetch<kD, E> rdek;
-    rA.fetch(dAkk + at.square(), kC, 0, kC), rdek.fetch(dek + at.rows(), kD, 0, kC);
+    rA.fetch_lower(dAkk + at.square()), rdek.fetch(dek + at.rows(), kD, 0, kC);
     __syncthreads();  // the products, dA, dqd and dkd are read
     // X_16 and X_32 whole again (dqd and dkd took their place), X_48 from row 48 on.
     reference_rows(X, sk, sk, sG, RefSpans{{0, 0, 48}, {64, 64, 64}});
