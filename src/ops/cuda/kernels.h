@@ -133,7 +133,8 @@ DeltaWalkGrads delta_walk_backward(const torch::Tensor& q, const torch::Tensor& 
 // W = (I + L)^{-1} diag(beta e^G) k and U = (I + L)^{-1} diag(beta) v with L the strictly lower
 // diag(beta) k k^T ⊙ exp(G_i - G_j). k, v [B,T,H,64] contiguous, one 16-bit dtype; beta [B,H,T] fp32; g
 // [B,H,T] fp32 per-step log decay or undefined. Returns w, u [B,H,N*64,64] (k's dtype, zero past T: the
-// layout delta_walk_forward reads) and every chunk's (I + L)^{-1} [B,H,N,64,64] fp32 for the backward.
+// layout delta_walk_forward reads) and every chunk's (I + L)^{-1} [B,H,N,64,64] fp32 for the backward (lower
+// triangular: what lies above the diagonal is left unwritten, and the backward does not read it).
 struct UtForward {
   torch::Tensor w, u, inverse;
 };

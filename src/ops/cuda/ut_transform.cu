@@ -11,8 +11,8 @@
 //   R = dL ⊙ exp(G_i - G_j):  dKb = R k,  dk = R^T Kb + beta dKb + beta e^G dKg,  dv = beta dVb
 //   dbeta = k·dKb + e^G k·dKg + v·dVb,   dG = beta e^G k·dKg + rowsum(dL ⊙ L) - colsum(dL ⊙ L)
 //   dg = the reverse cumulative sum of dG within the chunk.
-// The forward keeps T (fp32) for the backward. G is the chunk-local cumulative log decay (zero
-// without a gate); rows past T are zeros.
+// The forward keeps T (fp32, on and below its diagonal) for the backward. G is the chunk-local cumulative
+// log decay (zero without a gate); rows past T are zeros.
 //
 // With a decay per key channel (Kimi Delta Attention: Given = true) the decayed scores come from
 // vector_decay_scores.cu instead, A[i,j] = Σ_d k_id k_jd exp(G_id - G_jd), and so do the rows e^G ⊙ k
@@ -203,6 +203,22 @@ constexpr uint64_t kXOrder = tile_order(kXCodes);
 constexpr int kLCodes[kLowerTiles] = {12, 13, 0, 4, 5, 8, 9, 10, 14, 15};
 constexpr uint64_t kLOrder = tile_order(kLCodes);
 
+// T is lower triangular, so only the float4 words of a row that reach the diagonal or below (c <= r) go
+// to the backward through global memory; the others are zeros, which the backward puts back itself.
+__device__ void store_lower_inverse(float* __restrict__ dst, const float* T) {
+  for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
+    const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
+    if (c <= r) reinterpret_cast<float4*>(dst)[i] = *reinterpret_cast<const float4*>(T + r * Sizes::ld32 + c);
+  }
+}
+__device__ void load_lower_inverse(float* T, const float* __restrict__ src) {
+  for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
+    const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
+    *reinterpret_cast<float4*>(T + r * Sizes::ld32 + c) =
+        c <= r ? reinterpret_cast<const float4*>(src)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
 // T = (I + L)^{-1} by 16x16 blocks, in fp32 (L is zero on and above the diagonal). With D_i = I + L_ii,
 //   T_ii = D_i^{-1}                                  (forward substitution: one thread per column, held in registers)
 //   T_ij = -T_ii Σ_{k=j}^{i-1} L_ik T_kj   for j < i (block row by block row: warp j, two 3xTF32 products)
@@ -281,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __syncthreads();
   unit_lower_inverse_blocks(T, L);  // ends on a barrier
   copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T
-  store_state<kC, kC>(inverse + at.inverse, T, S::ld32);
+  store_lower_inverse(inverse + at.inverse, T);
   __syncthreads();
   // W = T Kg and U = T Vb (T lower: tiles s <= R only), each tile from its accumulator straight to global
   // memory (every row of the chunked layout is stored, zeros past T).
@@ -371,11 +387,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     rk.put(sk, S::ld), rv.put(sv, S::ld), rw.put(sdw, S::ld), ru.put(sdu, S::ld);
   }
   load_beta_and_gates(sb, G, beta, Given ? nullptr : g, at, p.T);
-  const float* Tg = inverse + at.inverse;
-  for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
-    const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
-    *reinterpret_cast<float4*>(T + r * S::ld32 + c) = reinterpret_cast<const float4*>(Tg)[i];
-  }
+  load_lower_inverse(T, inverse + at.inverse);
   __syncthreads();
   scaled_rows(Kb, Kg, Vb, sk, sv, sb, eG, S::ld);
   copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T
