@@ -1,21 +1,37 @@
 #!/usr/bin/env bash
-# Write each named branch's change against main (from their merge base) as .device/variants/<branch>.patch,
-# for `scripts/gpu_session.sh variants` to time on the GPU box against main (see DEVELOPERS.md). With no
-# branch named: every local branch whose name starts with pending-. Old patches in the folder are removed.
+# Kernel changes to time on the GPU box against main, as patches in .device/variants/ for
+# `scripts/gpu_session.sh variants` (see DEVELOPERS.md). Each argument is
+#   BRANCH   its change against main (from their merge base): .device/variants/BRANCH.patch
+#   A..B     commits A..B already on main taken back out (the diff from B to A): revert-A-B.patch, which
+#            times main against the code before those commits
+# With no argument: every local branch whose name starts with pending-. Old patches in the folder are removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=.device/variants
-branches=("$@")
-if [ ${#branches[@]} -eq 0 ]; then
-  mapfile -t branches < <(git for-each-ref --format='%(refname:short)' 'refs/heads/pending-*')
+args=("$@")
+if [ ${#args[@]} -eq 0 ]; then
+  mapfile -t args < <(git for-each-ref --format='%(refname:short)' 'refs/heads/pending-*')
 fi
-[ ${#branches[@]} -gt 0 ] || { echo "export_variants: no branch named and no pending-* branch" >&2; exit 1; }
+[ ${#args[@]} -gt 0 ] || { echo "export_variants: nothing named and no pending-* branch" >&2; exit 1; }
 mkdir -p "$dir"
 rm -f "$dir"/*.patch
-for b in "${branches[@]}"; do
-  git rev-parse --verify -q "$b" > /dev/null || { echo "export_variants: no branch $b" >&2; exit 1; }
-  git diff "main...$b" > "$dir/$b.patch"
-  [ -s "$dir/$b.patch" ] || { echo "export_variants: $b does not differ from main" >&2; exit 1; }
-  git apply --check "$dir/$b.patch" || { echo "export_variants: $b's change does not apply to this tree" >&2; exit 1; }
-  echo "$dir/$b.patch: $(git diff --shortstat "main...$b")"
+for a in "${args[@]}"; do
+  if [[ $a == *..* ]]; then
+    from=${a%%..*} to=${a##*..}
+    for r in "$from" "$to"; do
+      git rev-parse --verify -q "$r^{commit}" > /dev/null || { echo "export_variants: no commit $r" >&2; exit 1; }
+    done
+    git merge-base --is-ancestor "$to" main || { echo "export_variants: $to is not on main" >&2; exit 1; }
+    name="revert-$(git rev-parse --short "$from")-$(git rev-parse --short "$to")"
+    git diff "$to" "$from" > "$dir/$name.patch"
+    what=$(git diff --shortstat "$to" "$from")
+  else
+    git rev-parse --verify -q "$a" > /dev/null || { echo "export_variants: no branch $a" >&2; exit 1; }
+    name=$a
+    git diff "main...$a" > "$dir/$name.patch"
+    what=$(git diff --shortstat "main...$a")
+  fi
+  [ -s "$dir/$name.patch" ] || { echo "export_variants: $a changes nothing" >&2; exit 1; }
+  git apply --check "$dir/$name.patch" || { echo "export_variants: $a's patch does not apply to this tree" >&2; exit 1; }
+  echo "$dir/$name.patch: $what"
 done
