@@ -658,6 +658,16 @@ __device__ void store_state16(E* __restrict__ dst, const E* S16, int ld) {
   }
 }
 
+// A 16-bit square [64, ld] that is zero above its diagonal to global [64, 64]: only the 16-byte words that
+// reach the diagonal or below are written, the words RowPrefetch::fetch_lower reads back.
+template <typename E>
+__device__ void store_lower16(E* __restrict__ dst, const E* S16, int ld) {
+  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
+    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
+    if (c <= r) reinterpret_cast<uint4*>(dst)[i] = *reinterpret_cast<const uint4*>(S16 + r * ld + c);
+  }
+}
+
 template <int K, int V>
 __device__ void load_state(float* S, int ld32, const float* __restrict__ src) {
   for (int i = threadIdx.x; i < K * V / 4; i += kThreads) {

@@ -108,8 +108,9 @@ ScalarDecayChunkGrads scalar_decay_chunk_backward(const torch::Tensor& q, const 
 // S' = e^Gl S + (e^{Gl-G} k)^T V'. q, k [B,T,H,64] contiguous; w, u [B,H,N*64,64] contiguous (the UT
 // transform's rows, zero past T), all one 16-bit dtype; g [B,H,T] fp32 per-step log decay or undefined;
 // h0 [B,H,64,64] fp32 or undefined. Returns o [B,T,H,64] (q's dtype), the final state fp32 and, for the
-// backward, the state entering every chunk and every chunk's masked scores A [B,H,N,64,64] and the
-// corrected values V' [B,H,N*64,64] (all in q's dtype).
+// backward, the state entering every chunk and every chunk's masked scores A [B,H,N,64,64] (the 16-byte words
+// that reach the diagonal or below; the rest is left unwritten) and the corrected values V' [B,H,N*64,64]
+// (all in q's dtype).
 bool delta_walk_supported(int64_t K, int64_t V, torch::ScalarType dt);
 struct DeltaWalkForward {
   torch::Tensor o, final_state, states, scores, values;
