@@ -2,8 +2,8 @@
 # Kernel changes to time on the GPU box against main, as patches in .device/variants/ for
 # `scripts/gpu_session.sh variants` (see DEVELOPERS.md). Each argument is
 #   BRANCH   its change against main (from their merge base): .device/variants/BRANCH.patch
-#   A..B     commits A..B already on main taken back out (the diff from B to A): revert-A-B.patch, which
-#            times main against the code before those commits
+#   A..B     commits A..B already on main taken back out of src/ (the diff from B to A there, so that docs and
+#            scripts stay): revert-A-B.patch, which times main against the code before those commits
 # With no argument: every local branch whose name starts with pending-. Old patches in the folder are removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,8 +23,8 @@ for a in "${args[@]}"; do
     done
     git merge-base --is-ancestor "$to" main || { echo "export_variants: $to is not on main" >&2; exit 1; }
     name="revert-$(git rev-parse --short "$from")-$(git rev-parse --short "$to")"
-    git diff "$to" "$from" > "$dir/$name.patch"
-    what=$(git diff --shortstat "$to" "$from")
+    git diff "$to" "$from" -- src > "$dir/$name.patch"
+    what=$(git diff --shortstat "$to" "$from" -- src)
   else
     git rev-parse --verify -q "$a" > /dev/null || { echo "export_variants: no branch $a" >&2; exit 1; }
     name=$a
