@@ -32,6 +32,7 @@ for a in "${args[@]}"; do
     what=$(git diff --shortstat "main...$a")
   fi
   [ -s "$dir/$name.patch" ] || { echo "export_variants: $a changes nothing" >&2; exit 1; }
-  git apply --check "$dir/$name.patch" || { echo "export_variants: $a's patch does not apply to this tree" >&2; exit 1; }
+  git apply --check "$dir/$name.patch" ||
+    { echo "export_variants: $a's patch does not apply to this tree" >&2; exit 1; }
   echo "$dir/$name.patch: $what"
 done
