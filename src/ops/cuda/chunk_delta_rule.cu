@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __syncthreads();
   decayed_scores16<D>(A16, L::ld, sq, sk, L::ld, G, p.scale);
   __syncthreads();
-  store_lower16(scores + rows.stored_state(n, p.N), A16, L::ld);  // the backward walk reads these words only
+  store_lower(scores + rows.stored_state(n, p.N), A16, L::ld);  // the backward walk reads these words only
   tiles_into_stage<D>(stage, L::ld32, [&](Acc& acc, int R, int Cc) {  // o = scale e^G (q S) + A V'
     product_tile<false, false>(acc, sq, L::ld, S16, L::ld, R, Cc, 0, D / 16);
     scale_tile_rows(acc, eG, R, p.scale);

@@ -658,13 +658,25 @@ __device__ void store_state16(E* __restrict__ dst, const E* S16, int ld) {
   }
 }
 
-// A 16-bit square [64, ld] that is zero above its diagonal to global [64, 64]: only the 16-byte words that
-// reach the diagonal or below are written, the words RowPrefetch::fetch_lower reads back.
-template <typename E>
-__device__ void store_lower16(E* __restrict__ dst, const E* S16, int ld) {
-  for (int i = threadIdx.x; i < kC * kC / 8; i += kThreads) {
-    const int r = i / (kC / 8), c = (i % (kC / 8)) * 8;
-    if (c <= r) reinterpret_cast<uint4*>(dst)[i] = *reinterpret_cast<const uint4*>(S16 + r * ld + c);
+// A square that is zero above its diagonal (scores in 16 bits, the UT's inverse in fp32) between shared
+// memory [64, ld] and global [64, 64], by 16-byte words: only the words that reach the diagonal or below
+// (c <= r) go to global memory, and only those come back (RowPrefetch::fetch_lower reads 16-bit ones into
+// registers); load_lower puts zeros in the others' place.
+template <typename T>
+__device__ void store_lower(T* __restrict__ dst, const T* src, int ld) {
+  constexpr int kWord = 16 / sizeof(T);  // elements a word
+  for (int i = threadIdx.x; i < kC * kC / kWord; i += kThreads) {
+    const int r = i / (kC / kWord), c = (i % (kC / kWord)) * kWord;
+    if (c <= r) reinterpret_cast<uint4*>(dst)[i] = *reinterpret_cast<const uint4*>(src + r * ld + c);
+  }
+}
+template <typename T>
+__device__ void load_lower(T* dst, int ld, const T* __restrict__ src) {
+  constexpr int kWord = 16 / sizeof(T);
+  for (int i = threadIdx.x; i < kC * kC / kWord; i += kThreads) {
+    const int r = i / (kC / kWord), c = (i % (kC / kWord)) * kWord;
+    *reinterpret_cast<uint4*>(dst + r * ld + c) =
+        c <= r ? reinterpret_cast<const uint4*>(src)[i] : make_uint4(0, 0, 0, 0);
   }
 }
 

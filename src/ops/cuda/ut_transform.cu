@@ -203,22 +203,6 @@ constexpr uint64_t kXOrder = tile_order(kXCodes);
 constexpr int kLCodes[kLowerTiles] = {12, 13, 0, 4, 5, 8, 9, 10, 14, 15};
 constexpr uint64_t kLOrder = tile_order(kLCodes);
 
-// T is lower triangular, so only the float4 words of a row that reach the diagonal or below (c <= r) go
-// to the backward through global memory; the others are zeros, which the backward puts back itself.
-__device__ void store_lower_inverse(float* __restrict__ dst, const float* T) {
-  for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
-    const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
-    if (c <= r) reinterpret_cast<float4*>(dst)[i] = *reinterpret_cast<const float4*>(T + r * Sizes::ld32 + c);
-  }
-}
-__device__ void load_lower_inverse(float* T, const float* __restrict__ src) {
-  for (int i = threadIdx.x; i < kC * kC / 4; i += kThreads) {
-    const int r = i / (kC / 4), c = (i % (kC / 4)) * 4;
-    *reinterpret_cast<float4*>(T + r * Sizes::ld32 + c) =
-        c <= r ? reinterpret_cast<const float4*>(src)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-
 // T = (I + L)^{-1} by 16x16 blocks, in fp32 (L is zero on and above the diagonal). With D_i = I + L_ii,
 //   T_ii = D_i^{-1}                                  (forward substitution: one thread per column, held in registers)
 //   T_ij = -T_ii Σ_{k=j}^{i-1} L_ik T_kj   for j < i (block row by block row: warp j, two 3xTF32 products)
@@ -297,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   __syncthreads();
   unit_lower_inverse_blocks(T, L);  // ends on a barrier
   copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T
-  store_lower_inverse(inverse + at.inverse, T);
+  store_lower(inverse + at.inverse, T, S::ld32);  // T is lower triangular
   __syncthreads();
   // W = T Kg and U = T Vb (T lower: tiles s <= R only), each tile from its accumulator straight to global
   // memory (every row of the chunked layout is stored, zeros past T).
@@ -387,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     rk.put(sk, S::ld), rv.put(sv, S::ld), rw.put(sdw, S::ld), ru.put(sdu, S::ld);
   }
   load_beta_and_gates(sb, G, beta, Given ? nullptr : g, at, p.T);
-  load_lower_inverse(T, inverse + at.inverse);
+  load_lower(T, S::ld32, inverse + at.inverse);
   __syncthreads();
   scaled_rows(Kb, Kg, Vb, sk, sv, sb, eG, S::ld);
   copy_state<kC, kD>(T16, Sizes::ld, T, Sizes::ld32);  // T16: the 16-bit copy of T

@@ -61,7 +61,7 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 
-// The running thread's coordinates, set by the scheduler at every switch.
+// The running thread's coordinates: threadIdx set by the scheduler at every switch, the rest per launch or block.
 extern thread_local uint3 threadIdx, blockIdx;
 extern thread_local dim3 blockDim, gridDim;
 
