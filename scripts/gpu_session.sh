@@ -36,6 +36,18 @@ if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_LIBRA
 fi
 echo "built in $(( $(date +%s) - start )) s"
 
+# The ops bench into $1.md (its progress into $1.log), and ncu's per-kernel times of one quick run into
+# $1.csv, summed by kernel into $1.md (log appended to $2): the bench-ops and profile-ops steps, and each
+# variant's.
+ops_bench() {
+  timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$1.md" 2> "$1.log"; cat "$1.md"
+}
+ops_profile() {
+  ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+    build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$1.csv" 2>> "$2"
+  python3 bench/gpu/kernel_times.py "$1.csv" > "$1.md"; cat "$1.md"
+}
+
 # One variant (or the base, with no patch): tests, the ops bench and optionally its profile, into $OUT/variants.
 bench_variant() {
   local name=$1 dir=$OUT/variants
@@ -45,13 +57,8 @@ bench_variant() {
       > "$dir/$name.tests.log" 2>&1
     echo "-- $name: $(grep -E '^\[  (PASSED|FAILED)  \]' "$dir/$name.tests.log" | tr '\n' ' ')"
   fi
-  timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$dir/$name.md" 2> "$dir/$name.log"
-  cat "$dir/$name.md"
-  if [ "${VARIANT_PROFILE:-0}" = 1 ]; then
-    ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-      build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$dir/$name.profile.csv" 2>> "$dir/$name.log"
-    python3 bench/gpu/kernel_times.py "$dir/$name.profile.csv" > "$dir/$name.profile.md"; cat "$dir/$name.profile.md"
-  fi
+  ops_bench "$dir/$name"
+  [ "${VARIANT_PROFILE:-0}" != 1 ] || ops_profile "$dir/$name.profile" "$dir/$name.log"
 }
 
 # apply_patch check|apply|revert FILE on the working tree: git apply where git is, else patch.
@@ -87,12 +94,10 @@ for step in "$@"; do
     tests) (cd build-gpu && ctest -L cuda --output-on-failure -V) > "$OUT/tests.log" 2>&1
            build-gpu/linearize_tests --gtest_filter='OpsGolden.*:MixerGolden.*:LlamaGolden.*:Cuda*' >> "$OUT/tests.log" 2>&1
            grep -E "^\[(cuda|golden)|tests passed|FAILED|PASSED|Failure|Expected|Which is" "$OUT/tests.log" | head -80 ;;
-    bench-ops) timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$OUT/bench-ops.md" 2> "$OUT/bench-ops.log"; cat "$OUT/bench-ops.md" ;;
+    bench-ops) ops_bench "$OUT/bench-ops" ;;
     bench-train) timeout ${TRAIN_LIMIT:-600} build-gpu/linearize_gpu_bench train ${TRAIN_ARGS:-} > "$OUT/bench-train.md" 2> "$OUT/bench-train.log"; cat "$OUT/bench-train.md" ;;
     bench-decode) timeout ${DECODE_LIMIT:-600} build-gpu/linearize_gpu_bench decode > "$OUT/bench-decode.md" 2> "$OUT/bench-decode.log"; cat "$OUT/bench-decode.md" ;;
-    profile-ops) ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
-                   build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-ops.csv" 2> "$OUT/profile-ops.log"
-                 python3 bench/gpu/kernel_times.py "$OUT/profile-ops.csv" > "$OUT/profile-ops.md"; cat "$OUT/profile-ops.md" ;;
+    profile-ops) : > "$OUT/profile-ops.log"; ops_profile "$OUT/profile-ops" "$OUT/profile-ops.log" ;;
     profile-detail) ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
                       --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
                       --section ComputeWorkloadAnalysis -k regex:"vector_|delta_|ut_|chunk_" --launch-count 4 \
