@@ -47,9 +47,12 @@ using test::rel_err;
   if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: CUDA not available"
 
 // Where a kernel test runs: the GPU when there is one, else the CPU through the kernel emulator (on for
-// the test's whole scope), else nowhere.
+// the test's whole scope), else nowhere. The GPU's device carries its index (cuda:0), as the tensors made
+// there report theirs, so that the tests can compare devices.
 struct KernelDevice {
-  KernelDevice() : gpu(torch::cuda::is_available()), device(gpu ? torch::kCUDA : torch::kCPU) {
+  KernelDevice()
+      : gpu(torch::cuda::is_available()),
+        device(gpu ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU)) {
     if (!gpu && ops::kernel_emulation_available()) emulation.emplace(true);
   }
   bool available() const { return gpu || emulation.has_value(); }
