@@ -32,6 +32,8 @@ namespace linearize::ops::cuda_kernels {
 namespace {
 
 constexpr int kC = 64;  // rows per chunk
+// Threads a block. The helpers that spread work over a block's threads take their count as a template
+// argument, kThreads unless the kernel launches another (chunk_scalar_decay.cu at head size 128).
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRowTiles = kC / 16;
@@ -330,15 +332,15 @@ __device__ __forceinline__ void ordered_lower_tiles(uint64_t order, Body body) {
 // Rows t0 .. t0+C-1 of head (b, h) of x [B, T, H, D] (row stride H*D), fetched into registers as
 // 16-byte words (zeros past T or before 0) while the block works on the previous chunk, then put into
 // shared memory [C, ld].
-template <int D, typename E>
+template <int D, typename E, int Threads = kThreads>
 struct RowPrefetch {
-  static constexpr int kTotal = kC * D / 8, kWords = (kTotal + kThreads - 1) / kThreads;
+  static constexpr int kTotal = kC * D / 8, kWords = (kTotal + Threads - 1) / Threads;
   uint4 w[kWords];
 
   __device__ __forceinline__ void fetch(const E* __restrict__ x, size_t stride, int t0, int T) {
 #pragma unroll
     for (int j = 0; j < kWords; ++j) {
-      const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
+      const int i = threadIdx.x + j * Threads, r = i / (D / 8), c = (i % (D / 8)) * 8;
       w[j] = make_uint4(0, 0, 0, 0);
       if (i < kTotal && t0 >= 0 && t0 + r < T) w[j] = *reinterpret_cast<const uint4*>(x + (t0 + r) * stride + c);
     }
@@ -349,7 +351,7 @@ struct RowPrefetch {
     static_assert(D == kC, "a square [64, 64]");
 #pragma unroll
     for (int j = 0; j < kWords; ++j) {
-      const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
+      const int i = threadIdx.x + j * Threads, r = i / (D / 8), c = (i % (D / 8)) * 8;
       w[j] = make_uint4(0, 0, 0, 0);
       if (c <= r) w[j] = *reinterpret_cast<const uint4*>(x + r * D + c);
     }
@@ -357,7 +359,7 @@ struct RowPrefetch {
   __device__ __forceinline__ void put(E* dst, int ld) const {
 #pragma unroll
     for (int j = 0; j < kWords; ++j) {
-      const int i = threadIdx.x + j * kThreads, r = i / (D / 8), c = (i % (D / 8)) * 8;
+      const int i = threadIdx.x + j * Threads, r = i / (D / 8), c = (i % (D / 8)) * 8;
       if (i < kTotal) *reinterpret_cast<uint4*>(dst + r * ld + c) = w[j];
     }
   }
@@ -366,11 +368,11 @@ struct RowPrefetch {
 // fp32 staging [C, ld] -> rows t0 .. of head (b, h) of out [B, T, H, D]; rows past T are dropped.
 // With `dot` given, also dot[t0 + r] = x[r, :] · staging[r, :] (x 16-bit [C, ldx], the sum in fp32 over the
 // D / 8 consecutive threads that hold row r).
-template <int D, typename E>
+template <int D, int Threads = kThreads, typename E>
 __device__ void store_rows(E* __restrict__ out, size_t stride, int t0, int T, const float* src, int ld,
                            const E* x = nullptr, int ldx = 0, float* __restrict__ dot = nullptr) {
   static_assert((kC * D / 8) % 32 == 0, "whole warps take part in the row sums");
-  for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
+  for (int i = threadIdx.x; i < kC * D / 8; i += Threads) {
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
     const bool live = t0 + r < T;
     float f[8];
@@ -469,11 +471,12 @@ __device__ __forceinline__ void scale_tile_rows(Acc& a, const float* f, int R, f
 }
 
 // The 16x16 tiles of a [C, C] result, on and below the diagonal first (lower_tile's order), then those above it
-// ((b, a + 1) for lower tile (a, b)), as warp w takes them: w, w + kWarps, ... after rotating the warps by
+// ((b, a + 1) for lower tile (a, b)), as warp w of W takes them: w, w + W, ... after rotating the warps by
 // `shift`, so that two calls in one phase give their extra tiles to different warps.
-template <typename Lower, typename Upper>
+template <int Threads = kThreads, typename Lower, typename Upper>
 __device__ __forceinline__ void square_tiles(int shift, Lower lower, Upper upper) {
-  for (int t = (threadIdx.x / 32 + shift) % kWarps; t < kRowTiles * kRowTiles; t += kWarps) {
+  constexpr int kW = Threads / 32;
+  for (int t = (threadIdx.x / 32 + shift) % kW; t < kRowTiles * kRowTiles; t += kW) {
     int R, Cc;
     if (t < kLowerTiles) {
       lower_tile(t, R, Cc);
@@ -488,10 +491,10 @@ __device__ __forceinline__ void square_tiles(int shift, Lower lower, Upper upper
 // The causal decayed scores scale (X Y^T) ⊙ exp(G_i - G_j), j <= i, of X, Y [C, D] (row-major [., ld]) into 16-bit
 // dst [C, ldc] with zeros above the diagonal, straight from the accumulators (no fp32 staging area, no barrier
 // between the product and the mask). `shift` as in square_tiles.
-template <int D, typename E>
+template <int D, int Threads = kThreads, typename E>
 __device__ void decayed_scores16(E* dst, int ldc, const E* X, const E* Y, int ld, const float* G, float scale,
                                  int shift = 0) {
-  square_tiles(
+  square_tiles<Threads>(
       shift,
       [&](int R, int Cc) {
         Acc acc;
@@ -504,9 +507,9 @@ __device__ void decayed_scores16(E* dst, int ldc, const E* X, const E* Y, int ld
 }
 
 // dst[r, :] = x[r, :] * factor * f[r] (f: a row factor of chunk_gates), both [C, ld]; dst may be x.
-template <int D, typename E>
+template <int D, int Threads = kThreads, typename E>
 __device__ void scale_rows_to(E* dst, const E* x, int ld, const float* f, float factor) {
-  for (int i = threadIdx.x; i < kC * D / 8; i += kThreads) {
+  for (int i = threadIdx.x; i < kC * D / 8; i += Threads) {
     const int r = i / (D / 8), c = (i % (D / 8)) * 8;
     float v[8];
     unpack8<E>(*reinterpret_cast<const uint4*>(x + r * ld + c), v);
@@ -518,9 +521,9 @@ __device__ void scale_rows_to(E* dst, const E* x, int ld, const float* f, float 
 }
 
 // x[r, :] *= factor * f[r] in place.
-template <int D, typename E>
+template <int D, int Threads = kThreads, typename E>
 __device__ void scale_rows(E* x, int ld, const float* f, float factor) {
-  scale_rows_to<D>(x, x, ld, f, factor);
+  scale_rows_to<D, Threads>(x, x, ld, f, factor);
 }
 
 // Every 16x16 tile on or below the diagonal of a [C, C] fp32 result (row stride ld32), spread over the
@@ -541,16 +544,16 @@ __device__ __forceinline__ void lower_tiles_into_stage(float* stage, int ld32, B
 }
 
 // body(R, Cc) for every 16x16 tile of a [C, D] result, spread over the warps.
-template <int D, typename Body>
+template <int D, int Threads = kThreads, typename Body>
 __device__ __forceinline__ void each_tile(Body body) {
-  for (int t = threadIdx.x / 32; t < kRowTiles * (D / 16); t += kWarps) body(t / (D / 16), t % (D / 16));
+  for (int t = threadIdx.x / 32; t < kRowTiles * (D / 16); t += Threads / 32) body(t / (D / 16), t % (D / 16));
 }
 
 // Every 16x16 tile of a [C, D] fp32 result in the staging area (row stride ld32), spread over the
 // warps: body(acc, R, Cc) accumulates row tile R, column tile Cc into a zeroed Acc.
-template <int D, typename Body>
+template <int D, int Threads = kThreads, typename Body>
 __device__ __forceinline__ void tiles_into_stage(float* stage, int ld32, Body body) {
-  each_tile<D>([&](int R, int Cc) {
+  each_tile<D, Threads>([&](int R, int Cc) {
     Acc acc;
     zero(acc);
     body(acc, R, Cc);
@@ -617,10 +620,10 @@ struct RegisterState {
 
 // S = decay * S + what body adds, over the fp32 state S [K, ld32] by warp tiles: body(acc, R, Cc) adds its
 // products to row tile R, column tile Cc. With row_decay given, row r decays by decay * row_decay[r] instead.
-template <int K, int V, typename Body>
+template <int K, int V, int Threads = kThreads, typename Body>
 __device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay, Body body,
                                                  const float* row_decay = nullptr) {
-  for (int t = threadIdx.x / 32; t < (K / 16) * (V / 16); t += kWarps) {
+  for (int t = threadIdx.x / 32; t < (K / 16) * (V / 16); t += Threads / 32) {
     const int R = t / (V / 16), Cc = t % (V / 16);
     Acc acc;
     load_tile(acc, S + R * 16 * ld32 + Cc * 16, ld32);
@@ -632,16 +635,16 @@ __device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay
 }
 
 // S = decay * S + X^T Y over the chunk (X [C, K], Y [C, V] row-major), S fp32 [K, ld32].
-template <int K, int V, typename E>
+template <int K, int V, int Threads = kThreads, typename E>
 __device__ void update_state(float* S, int ld32, float decay, const E* X, int ldx, const E* Y, int ldy) {
-  accumulate_state<K, V>(S, ld32, decay, [&](Acc& acc, int R, int Cc) {
+  accumulate_state<K, V, Threads>(S, ld32, decay, [&](Acc& acc, int R, int Cc) {
     product_tile<true, false>(acc, X, ldx, Y, ldy, R, Cc, 0, kC / 16);
   });
 }
 
-template <int K, int V, typename E>
+template <int K, int V, int Threads = kThreads, typename E>
 __device__ void copy_state(E* dst, int ld, const float* S, int ld32) {
-  for (int i = threadIdx.x; i < K * V / 8; i += kThreads) {
+  for (int i = threadIdx.x; i < K * V / 8; i += Threads) {
     const int r = i / (V / 8), c = (i % (V / 8)) * 8;
     float f[8];
     load8(S + r * ld32 + c, f);
@@ -680,18 +683,18 @@ __device__ void load_lower(T* dst, int ld, const T* __restrict__ src) {
   }
 }
 
-template <int K, int V>
+template <int K, int V, int Threads = kThreads>
 __device__ void load_state(float* S, int ld32, const float* __restrict__ src) {
-  for (int i = threadIdx.x; i < K * V / 4; i += kThreads) {
+  for (int i = threadIdx.x; i < K * V / 4; i += Threads) {
     const int r = i / (V / 4), c = (i % (V / 4)) * 4;
     const float4 x = src != nullptr ? reinterpret_cast<const float4*>(src)[i] : make_float4(0.f, 0.f, 0.f, 0.f);
     *reinterpret_cast<float4*>(S + r * ld32 + c) = x;
   }
 }
 
-template <int K, int V>
+template <int K, int V, int Threads = kThreads>
 __device__ void store_state(float* __restrict__ dst, const float* S, int ld32) {
-  for (int i = threadIdx.x; i < K * V / 4; i += kThreads) {
+  for (int i = threadIdx.x; i < K * V / 4; i += Threads) {
     const int r = i / (V / 4), c = (i % (V / 4)) * 4;
     reinterpret_cast<float4*>(dst)[i] = *reinterpret_cast<const float4*>(S + r * ld32 + c);
   }
