@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kBlockThreads<K>, kBlocksPerSm<K>)
         __syncthreads();
       }
       copy_state<K, V, kThreadsK>(S16, L::ldv, S, L::ldv32);  // S16 is read only after the next barrier
-      __syncthreads();                             // the next chunk's rows replace q, k, v, do
+      __syncthreads();                                        // the next chunk's rows replace q, k, v, do
     }
     return;
   }
