@@ -45,6 +45,12 @@ namespace linearize::ops::cuda_kernels {
 namespace {
 
 constexpr int kTile = 64;  // steps per tile of the normaliser's walks
+
+// Steps per sub-tile of the backward walk, which holds n, two row products and three rows of each step of
+// a sub-tile in shared memory: at K = 128 a whole tile takes 115 KiB (one block of four warps an SM), half a
+// tile 57 KiB (three blocks). The forward saves the n entering each sub-tile.
+__host__ __device__ constexpr int sub_tile_steps(int64_t K) { return K == 128 ? kTile / 2 : kTile; }
+__host__ __device__ constexpr int sub_tiles_per_tile(int64_t K) { return kTile / sub_tile_steps(K); }
 constexpr unsigned kAll = 0xffffffffu;
 
 __host__ __device__ __forceinline__ int tiles_of(int64_t T) { return static_cast<int>((T + kTile - 1) / kTile); }
@@ -128,13 +134,14 @@ __device__ __forceinline__ E* head_of(E* x, int b, int h, int T, int H, int K) {
   return x == nullptr ? nullptr : x + (static_cast<size_t>(b) * T * H + h) * K;
 }
 
-// Starts copying rows t0 .. t0+63 of one head (row stride H*K) into shared memory [64][K] unpadded
+// Starts copying rows t0 .. t0+Rows-1 of one head (row stride H*K) into shared memory [Rows][K] unpadded
 // (thread c reads column c, so consecutive threads read consecutive elements), 16 bytes at a time
 // through cp.async, while the block reads its gates; rows past T, or of an absent tensor, are zeros.
 // The caller commits, and waits before reading.
-template <typename E, int K>
+template <typename E, int K, int Rows = kTile>
 __device__ __forceinline__ void start_tile_copy(E* dst, const E* __restrict__ x, size_t stride, int t0, int T) {
-  constexpr int kPerRow = K * static_cast<int>(sizeof(E)) / 16, kWords = kTile * kPerRow / K;
+  constexpr int kPerRow = K * static_cast<int>(sizeof(E)) / 16, kWords = Rows * kPerRow / K;
+  static_assert(Rows * kPerRow % K == 0, "whole words a thread");
 #pragma unroll
   for (int j = 0; j < kWords; ++j) {
     const int i = threadIdx.x + j * K, r = i / kPerRow, c = (i % kPerRow) * (16 / static_cast<int>(sizeof(E)));
@@ -157,11 +164,15 @@ __device__ __forceinline__ float row_sum(const float (*x)[K + 1], int r) {
 // Dynamic shared memory of the walks (byte offsets; fp32 tiles first, 16-byte aligned).
 template <typename In, typename Lo, int K>
 struct Smem {
-  static constexpr size_t sums = (size_t{kTile} * (K + 1) * 4 + 15) / 16 * 16;  // one [kTile][K + 1] fp32
-  static constexpr size_t rows_in = size_t{kTile} * K * sizeof(In), rows_lo = size_t{kTile} * K * sizeof(Lo);
-  static constexpr size_t segment_walk = rows_in;             // y
-  static constexpr size_t forward = sums + 2 * rows_in;       // prod | q | k
-  static constexpr size_t backward = 2 * sums + 2 * rows_in + rows_lo;  // nrow | kprod | q | k | dk'
+  // One [rows][K + 1] fp32 tile of row products.
+  static constexpr size_t sums_of(int rows) { return (size_t(rows) * (K + 1) * 4 + 15) / 16 * 16; }
+  static constexpr size_t sums = sums_of(kTile), sub_sums = sums_of(sub_tile_steps(K));
+  static constexpr size_t rows_in = size_t{kTile} * K * sizeof(In);
+  static constexpr size_t sub_in = size_t{sub_tile_steps(K)} * K * sizeof(In);
+  static constexpr size_t sub_lo = size_t{sub_tile_steps(K)} * K * sizeof(Lo);
+  static constexpr size_t segment_walk = rows_in;                     // y
+  static constexpr size_t forward = sums + 2 * rows_in;               // prod | q | k
+  static constexpr size_t backward = 2 * sub_sums + 2 * sub_in + sub_lo;  // nrow | kprod | q | k | dk' (a sub-tile)
 };
 
 // The segment of blockIdx.x: (batch, head) bh and segment s of S, its tiles [first, end).
@@ -373,9 +384,11 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
     const size_t at = static_cast<size_t>(seg.bh) * S + s;
     n = expf(gsum[at]) * n + n_local[at * K + c];
   }
+  constexpr int kSub = sub_tile_steps(K), kSubs = sub_tiles_per_tile(K);
+  float* enter = entering + static_cast<size_t>(seg.bh) * tiles * kSubs * K + c;  // [tiles * kSubs][K]
   for (int tile = seg.first; tile < seg.end; ++tile) {
     const int t0 = tile * kTile, len = min(kTile, T - t0);
-    entering[(static_cast<size_t>(seg.bh) * tiles + tile) * K + c] = n;
+    enter[static_cast<size_t>(tile) * kSubs * K] = n;
     start_tile_copy<In, K>(sq, qh, stride, t0, T);
     start_tile_copy<In, K>(sk, kh, stride, t0, T);
     __pipeline_commit();
@@ -387,6 +400,7 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
     __syncthreads();
 #pragma unroll 8
     for (int j = 0; j < len; ++j) {
+      if (kSubs > 1 && j > 0 && j % kSub == 0) enter[(static_cast<size_t>(tile) * kSubs + j / kSub) * K] = n;
       const float kv = to_float(sk[j * K + c]) * key_factor[j];
       n = decay[j] * n + kv;
       kph[static_cast<size_t>(t0 + j) * stride] = from_float<Lo>(kv);
@@ -408,10 +422,11 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
   using L = Smem<In, Lo, K>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(16, unsigned char, smem);
   auto nrow = reinterpret_cast<float(*)[K + 1]>(smem);           // n_t, then e^{g_t} n_{t-1}[c] λ_t[c]
-  auto kprod = reinterpret_cast<float(*)[K + 1]>(smem + L::sums);  // dk'_t[c] k'_t[c]
-  In* sq = reinterpret_cast<In*>(smem + 2 * L::sums);
-  In* sk = sq + kTile * K;
-  Lo* sdkp = reinterpret_cast<Lo*>(sk + kTile * K);
+  auto kprod = reinterpret_cast<float(*)[K + 1]>(smem + L::sub_sums);  // dk'_t[c] k'_t[c]
+  constexpr int kSub = sub_tile_steps(K), kSubs = sub_tiles_per_tile(K);
+  In* sq = reinterpret_cast<In*>(smem + 2 * L::sub_sums);
+  In* sk = sq + kSub * K;
+  Lo* sdkp = reinterpret_cast<Lo*>(sk + kSub * K);
   __shared__ float decay[kTile], key_factor[kTile], dden[kTile];
   const Segment seg = segment_of(S, seg_tiles, T);
   const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = tiles_of(T);
@@ -428,19 +443,20 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
     const size_t at = static_cast<size_t>(seg.bh) * S + s;
     mu = expf(gsum[at]) * mu + mu_local[at * K + c];
   }
-  for (int tile = seg.end - 1; tile >= seg.first; --tile) {
-    const int t0 = tile * kTile, len = min(kTile, T - t0);
-    start_tile_copy<In, K>(sq, qh, stride, t0, T);
-    start_tile_copy<In, K>(sk, kh, stride, t0, T);
-    start_tile_copy<Lo, K>(sdkp, dkph, stride, t0, T);
+  for (int sub = seg.end * kSubs - 1; sub >= seg.first * kSubs; --sub) {
+    const int t0 = sub * kSub, len = min(kSub, T - t0);
+    if (len <= 0) continue;  // the last tile's later sub-tiles past T (the same for the whole block)
+    start_tile_copy<In, K, kSub>(sq, qh, stride, t0, T);
+    start_tile_copy<In, K, kSub>(sk, kh, stride, t0, T);
+    start_tile_copy<Lo, K, kSub>(sdkp, dkph, stride, t0, T);
     __pipeline_commit();
-    if (c < kTile) {
+    if (c < kSub) {
       const bool live = c < len;
       decay[c] = live ? expf(g[row + t0 + c]) : 1.f;
       key_factor[c] = live ? w[row + t0 + c] : 0.f;
       dden[c] = live && d_den != nullptr ? d_den[row + t0 + c] : 0.f;
     }
-    const float n_entering = entering[(static_cast<size_t>(seg.bh) * tiles + tile) * K + c];
+    const float n_entering = entering[(static_cast<size_t>(seg.bh) * tiles * kSubs + sub) * K + c];
     __pipeline_wait_prior(0);
     __syncthreads();
     float n = n_entering;
@@ -592,7 +608,7 @@ MlstmNormaliserForward mlstm_normaliser_forward(const torch::Tensor& q, const to
   r.gsum = torch::empty({B, H, S}, f32);
   r.den = torch::empty({B, H, T}, f32);
   r.n_final = torch::empty({B, H, K}, f32);
-  r.entering = torch::empty({B, H, tiles_of(T), K}, f32);
+  r.entering = torch::empty({B, H, tiles_of(T) * sub_tiles_per_tile(K), K}, f32);
   auto n_local = torch::empty({B, H, S, K}, f32);
   auto maps = torch::empty({2, B, H, S}, f32);  // the segments' max-state maps (alpha, beta)
   const dim3 gate_grid((B * H * S + kGateWarps - 1) / kGateWarps), gate_block(32 * kGateWarps);
