@@ -17,7 +17,8 @@
 // the segments before it, n_in(s + 1) = e^{Σ_s g} n_in(s) + (segment s from zero).
 //
 // The backward walks the same segments in reverse. It recomputes a tile's n from the n that entered it
-// (saved every 64 steps by the forward), then carries λ_t = dL/dn_t back:
+// (saved every 64 steps by the forward; at K = 128 every 32, the backward's sub-tiles), then carries
+// λ_t = dL/dn_t back:
 //   λ_t   = dden_t scale q_t + e^{g_{t+1}} λ_{t+1}          (after the last step: dL/dn_T)
 //   dk'_t = λ_t + the numerator's gradient of k'_t,  dk_t = w_t dk'_t,  d(i_t - m_t) = dk'_t · k'_t
 //   dq_t  = dden_t scale n_t,  dg_t = e^{g_t} n_{t-1} · λ_t,  dn_0 = e^{g_0} λ_0
@@ -45,13 +46,13 @@ namespace linearize::ops::cuda_kernels {
 namespace {
 
 constexpr int kTile = 64;  // steps per tile of the normaliser's walks
+constexpr unsigned kAll = 0xffffffffu;
 
 // Steps per sub-tile of the backward walk, which holds n, two row products and three rows of each step of
 // a sub-tile in shared memory: at K = 128 a whole tile takes 115 KiB (one block of four warps an SM), half a
 // tile 57 KiB (three blocks). The forward saves the n entering each sub-tile.
 __host__ __device__ constexpr int sub_tile_steps(int64_t K) { return K == 128 ? kTile / 2 : kTile; }
 __host__ __device__ constexpr int sub_tiles_per_tile(int64_t K) { return kTile / sub_tile_steps(K); }
-constexpr unsigned kAll = 0xffffffffu;
 
 __host__ __device__ __forceinline__ int tiles_of(int64_t T) { return static_cast<int>((T + kTile - 1) / kTile); }
 
@@ -165,7 +166,7 @@ __device__ __forceinline__ float row_sum(const float (*x)[K + 1], int r) {
 template <typename In, typename Lo, int K>
 struct Smem {
   // One [rows][K + 1] fp32 tile of row products.
-  static constexpr size_t sums_of(int rows) { return (size_t(rows) * (K + 1) * 4 + 15) / 16 * 16; }
+  static constexpr size_t sums_of(int rows) { return (static_cast<size_t>(rows) * (K + 1) * 4 + 15) / 16 * 16; }
   static constexpr size_t sums = sums_of(kTile), sub_sums = sums_of(sub_tile_steps(K));
   static constexpr size_t rows_in = size_t{kTile} * K * sizeof(In);
   static constexpr size_t sub_in = size_t{sub_tile_steps(K)} * K * sizeof(In);
