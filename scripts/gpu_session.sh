@@ -15,7 +15,8 @@
 #                run the tests of VARIANT_TESTS (a gtest filter, default the fused ops' Cuda tests; none: no
 #                tests) and `ops ${OPS_ARGS}` (with VARIANT_PROFILE=1 also profile-ops), then take it back out; the
 #                unpatched build runs the same bench first (not with VARIANT_BASE=0). VARIANT_NAMES="a b" picks
-#                some of the patches (one call has 10 minutes). Logs and tables in $OUT/variants/<name>.*
+#                some of the patches (one call has 10 minutes). Logs and tables in $OUT/variants/<name>.*; the
+#                unpatched build is rebuilt at the end only when another step follows
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
 # OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64 --only retnet+",
 # TRAIN_ARGS="--shapes 1.7b --only linear_attention,retnet")
@@ -86,10 +87,11 @@ run_variants() {
     fi
     apply_patch revert "$p"
   done
-  cmake --build build-gpu -j"$(nproc)" > "$OUT/variants-rebuild.log" 2>&1
 }
+left=$#  # steps still to run, counting the current one
 for step in "$@"; do
   t0=$(date +%s)
+  left=$((left - 1))
   case $step in
     tests) (cd build-gpu && ctest -L cuda --output-on-failure -V) > "$OUT/tests.log" 2>&1
            build-gpu/linearize_tests --gtest_filter='OpsGolden.*:MixerGolden.*:LlamaGolden.*:Cuda*' >> "$OUT/tests.log" 2>&1
@@ -111,7 +113,8 @@ for step in "$@"; do
     bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
     launch) bench/gpu/launch_overhead.sh build-gpu .device/shared/data/tokenizers/smollm2-tokenizer.json \
               .device/shared/data/corpus/tinystories_val.txt /tmp/launch_work > "$OUT/launch.log" 2>&1; cat "$OUT/launch.log" | tail -8 ;;
-    variants) run_variants ;;
+    variants) run_variants  # then the unpatched build again, for the steps after it only (a call's time is short)
+              [ "$left" = 0 ] || cmake --build build-gpu -j"$(nproc)" > "$OUT/variants-rebuild.log" 2>&1 ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== $step: $(( $(date +%s) - t0 )) s"
