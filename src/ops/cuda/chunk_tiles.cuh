@@ -32,8 +32,9 @@ namespace linearize::ops::cuda_kernels {
 namespace {
 
 constexpr int kC = 64;  // rows per chunk
-// Threads a block. The helpers that spread work over a block's threads take their count as a template
-// argument, kThreads unless the kernel launches another (chunk_scalar_decay.cu at head size 128).
+// Threads a block. The helpers that chunk_scalar_decay.cu uses to spread work over a block take the count as
+// a template argument (kThreads unless given; that file launches 512 at head size 128); the others assume
+// kThreads.
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kRowTiles = kC / 16;
