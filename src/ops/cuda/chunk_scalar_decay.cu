@@ -141,13 +141,14 @@ __global__ void __launch_bounds__(kBlockThreads<K>, kBlocksPerSm<K>)
     if constexpr (L::keys_fit) update_state<K, V, kThreadsK>(S, L::ldv32, eG[kC - 1], ku, L::ldk, sv, L::ldv);
     __syncthreads();
     if constexpr (!L::keys_fit) {
-      update_state<K, V, kThreadsK>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
+      // The 16-bit copy as the state is updated: the o product, which reads it, lies behind the barrier.
+      update_state<K, V, kThreadsK>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv, S16, L::ldv);
       store_rows<V, kThreadsK>(o + head_v, sv_row, t0, p.T, stage, L::ldo32);
       __syncthreads();
     } else {
       store_rows<V, kThreadsK>(o + head_v, sv_row, t0, p.T, stage, L::ldo32);
+      copy_state<K, V, kThreadsK>(S16, L::ldv, S, L::ldv32);
     }
-    copy_state<K, V, kThreadsK>(S16, L::ldv, S, L::ldv32);
   }
   store_state<K, V, kThreadsK>(final_state + blk.state_at, S, L::ldv32);
 }
@@ -209,11 +210,12 @@ __global__ void __launch_bounds__(kBlockThreads<K>, kBlocksPerSm<K>)
       if constexpr (!L::keys_fit) {
         scale_rows<K, kThreadsK>(sk, L::ldk, eEnd, 1.f);
         __syncthreads();
-        update_state<K, V, kThreadsK>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv);
-        __syncthreads();
+        // With the 16-bit copy: dq's product, its reader, lies behind the barrier above.
+        update_state<K, V, kThreadsK>(S, L::ldv32, eG[kC - 1], sk, L::ldk, sv, L::ldv, S16, L::ldv);
+      } else {
+        copy_state<K, V, kThreadsK>(S16, L::ldv, S, L::ldv32);  // S16 is read only after the next barrier
       }
-      copy_state<K, V, kThreadsK>(S16, L::ldv, S, L::ldv32);  // S16 is read only after the next barrier
-      __syncthreads();                                        // the next chunk's rows replace q, k, v, do
+      __syncthreads();  // the next chunk's rows replace q, k, v, do
     }
     return;
   }
@@ -263,10 +265,10 @@ __global__ void __launch_bounds__(kBlockThreads<K>, kBlocksPerSm<K>)
     store_rows<K, kThreadsK>(dk + head_k, sk_row, t0, p.T, stage, L::ldo32, sk, L::ldk, dots);
     scale_rows<K, kThreadsK>(sq, L::ldk, eG, p.scale);
     __syncthreads();
-    // dS = e^Gl dS' + (scale e^G q)^T do
-    update_state<K, V, kThreadsK>(S, L::ldv32, eG[kC - 1], sq, L::ldk, sdo, L::ldv);
+    // dS = e^Gl dS' + (scale e^G q)^T do, and its 16-bit copy (dk's and dv's products, which read it, lie
+    // behind the barrier above)
+    update_state<K, V, kThreadsK>(S, L::ldv32, eG[kC - 1], sq, L::ldk, sdo, L::ldv, S16, L::ldv);
     __syncthreads();
-    copy_state<K, V, kThreadsK>(S16, L::ldv, S, L::ldv32);
   }
   if (d_initial != nullptr) store_state<K, V, kThreadsK>(d_initial + state_at, S, L::ldv32);
 }

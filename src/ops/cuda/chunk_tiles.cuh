@@ -621,9 +621,12 @@ struct RegisterState {
 
 // S = decay * S + what body adds, over the fp32 state S [K, ld32] by warp tiles: body(acc, R, Cc) adds its
 // products to row tile R, column tile Cc. With row_decay given, row r decays by decay * row_decay[r] instead.
-template <int K, int V, int Threads = kThreads, typename Body>
+// With S16 given, the new state's 16-bit copy [K, ld16] too, tile by tile (copy_state's values, without its
+// pass over S): only where no product reads S16 until the next barrier.
+template <int K, int V, int Threads = kThreads, typename Body, typename E16 = __nv_bfloat16>
 __device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay, Body body,
-                                                 const float* row_decay = nullptr) {
+                                                 const float* row_decay = nullptr, E16* S16 = nullptr,
+                                                 int ld16 = 0) {
   for (int t = threadIdx.x / 32; t < (K / 16) * (V / 16); t += Threads / 32) {
     const int R = t / (V / 16), Cc = t % (V / 16);
     Acc acc;
@@ -632,15 +635,19 @@ __device__ __forceinline__ void accumulate_state(float* S, int ld32, float decay
     else scale_tile(acc, decay);
     body(acc, R, Cc);
     store_tile(S + R * 16 * ld32 + Cc * 16, acc, ld32);
+    if (S16 != nullptr) store_tile16(S16 + R * 16 * ld16 + Cc * 16, acc, ld16);
   }
 }
 
-// S = decay * S + X^T Y over the chunk (X [C, K], Y [C, V] row-major), S fp32 [K, ld32].
+// S = decay * S + X^T Y over the chunk (X [C, K], Y [C, V] row-major), S fp32 [K, ld32]; with S16 given
+// also its 16-bit copy (see accumulate_state).
 template <int K, int V, int Threads = kThreads, typename E>
-__device__ void update_state(float* S, int ld32, float decay, const E* X, int ldx, const E* Y, int ldy) {
-  accumulate_state<K, V, Threads>(S, ld32, decay, [&](Acc& acc, int R, int Cc) {
-    product_tile<true, false>(acc, X, ldx, Y, ldy, R, Cc, 0, kC / 16);
-  });
+__device__ void update_state(float* S, int ld32, float decay, const E* X, int ldx, const E* Y, int ldy,
+                             E* S16 = nullptr, int ld16 = 0) {
+  accumulate_state<K, V, Threads>(
+      S, ld32, decay,
+      [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, X, ldx, Y, ldy, R, Cc, 0, kC / 16); }, nullptr,
+      S16, ld16);
 }
 
 template <int K, int V, int Threads = kThreads, typename E>
