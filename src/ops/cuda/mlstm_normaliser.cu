@@ -152,14 +152,28 @@ __device__ __forceinline__ void start_tile_copy(E* dst, const E* __restrict__ x,
   }
 }
 
-// sum_c x[r][c] for one row of a [kTile][K + 1] tile (threads r < 64 each take a row: with the padding
-// the rows' columns fall in different banks).
-template <int K>
-__device__ __forceinline__ float row_sum(const float (*x)[K + 1], int r) {
-  float s = 0.f;
-#pragma unroll 16
-  for (int c = 0; c < K; ++c) s += x[r][c];
-  return s;
+// The row sums sum_c x[r][c] of rows r < rows of a [rows][K + 1] tile (and of a second tile y, when given),
+// handed to out(r, sum of x, sum of y). The block (K threads) shares the rows a warp at a time: the lanes
+// take the columns lane, lane + 32, ... (consecutive words, no bank met twice), then a butterfly over the
+// lanes. A thread per row would add K terms in sequence while most of the block waits.
+template <int K, typename Out>
+__device__ __forceinline__ void row_sums(const float (*x)[K + 1], const float (*y)[K + 1], int rows, Out out) {
+  constexpr int kWarps = K / 32;
+  const int lane = threadIdx.x & 31;
+  for (int r = threadIdx.x / 32; r < rows; r += kWarps) {
+    float sx = 0.f, sy = 0.f;
+#pragma unroll
+    for (int i = 0; i < K / 32; ++i) {
+      sx += x[r][lane + 32 * i];
+      if (y != nullptr) sy += y[r][lane + 32 * i];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      sx += __shfl_xor_sync(kAll, sx, o);
+      if (y != nullptr) sy += __shfl_xor_sync(kAll, sy, o);
+    }
+    if (lane == 0) out(r, sx, sy);
+  }
 }
 
 // Dynamic shared memory of the walks (byte offsets; fp32 tiles first, 16-byte aligned).
@@ -408,7 +422,7 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
       prod[j][c] = n * to_float(sq[j * K + c]);
     }
     __syncthreads();
-    if (c < len) den[row + t0 + c] = row_sum<K>(prod, c) * scale;
+    row_sums<K>(prod, nullptr, len, [&](int r, float sum, float) { den[row + t0 + r] = sum * scale; });
   }
   if (seg.s == S - 1) n_final[static_cast<size_t>(seg.bh) * K + c] = n;
 }
@@ -479,7 +493,9 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
       mu = decay[j] * lambda;
     }
     __syncthreads();
-    if (c < len) dg_n[row + t0 + c] = row_sum<K>(nrow, c), dlogw[row + t0 + c] = row_sum<K>(kprod, c);
+    row_sums<K>(nrow, kprod, len, [&](int r, float dg, float dlw) {
+      dg_n[row + t0 + r] = dg, dlogw[row + t0 + r] = dlw;
+    });
   }
   if (seg.s == 0 && d_n0 != nullptr) d_n0[static_cast<size_t>(seg.bh) * K + c] = mu;
 }
