@@ -233,8 +233,7 @@ VectorWalkGrads vector_delta_walk_backward(const torch::Tensor& qd, const torch:
 // contiguous (f the forget gate's pre-activation); m0 [B,H] fp32; n0 [B,H,K] fp32 or undefined (zeros).
 // kp_dtype (bf16 or fp16) is the dtype of k' for the numerator's kernels. Returns k' [B,T,H,K]
 // (kp_dtype); g, m, den [B,H,T] and n_T [B,H,K] (fp32); and for the backward w [B,H,T], the sum of g over
-// each segment of the walk, gsum [B,H,S], and the n entering every 64 steps, [B,H,ceil(T/64),K] (at K = 128
-// every 32 steps, [B,H,2 ceil(T/64),K]).
+// each segment of the walk, gsum [B,H,S], and the n entering every 16 steps, [B,H,4 ceil(T/64),K].
 // Supported: K = 64 or 128.
 bool mlstm_normaliser_supported(int64_t K);
 struct MlstmNormaliserForward {

@@ -10,15 +10,15 @@
 //
 // The normaliser's state is K independent recurrences, n_t[c] = e^{g_t} n_{t-1}[c] + w_t k_t[c], so its
 // walk has one thread per key channel and exchanges nothing between threads; the sums over the channels
-// (den_t = n_t · scale q_t, and in the backward the gates' gradients) are taken per tile of 64 steps, from
-// products kept in shared memory. One (batch, head) alone would leave the walk with two warps and its
-// latency in full, so the steps are split into segments, a block each: a first pass walks every
-// segment from zero (segment_walk_kernel), and the main walk starts each segment from n0 carried over
-// the segments before it, n_in(s + 1) = e^{Σ_s g} n_in(s) + (segment s from zero).
+// (den_t = n_t · scale q_t, and in the backward the gates' gradients) are taken per sub-tile of 16 steps,
+// from products kept in shared memory, a warp a row. The walks copy the next sub-tile's rows into shared
+// memory while they walk the current one. One (batch, head) alone would leave the walk with two warps and
+// its latency in full, so the steps are split into segments of whole tiles of 64 steps, a block each: a
+// first pass walks every segment from zero (segment_walk_kernel), and the main walk starts each segment
+// from n0 carried over the segments before it, n_in(s + 1) = e^{Σ_s g} n_in(s) + (segment s from zero).
 //
-// The backward walks the same segments in reverse. It recomputes a tile's n from the n that entered it
-// (saved every 64 steps by the forward; at K = 128 every 32, the backward's sub-tiles), then carries
-// λ_t = dL/dn_t back:
+// The backward walks the same segments in reverse. It recomputes a sub-tile's n from the n that entered
+// it (saved for every sub-tile by the forward), then carries λ_t = dL/dn_t back:
 //   λ_t   = dden_t scale q_t + e^{g_{t+1}} λ_{t+1}          (after the last step: dL/dn_T)
 //   dk'_t = λ_t + the numerator's gradient of k'_t,  dk_t = w_t dk'_t,  d(i_t - m_t) = dk'_t · k'_t
 //   dq_t  = dden_t scale n_t,  dg_t = e^{g_t} n_{t-1} · λ_t,  dn_0 = e^{g_0} λ_0
@@ -48,11 +48,12 @@ namespace {
 constexpr int kTile = 64;  // steps per tile of the normaliser's walks
 constexpr unsigned kAll = 0xffffffffu;
 
-// Steps per sub-tile of the backward walk, which holds n, two row products and three rows of each step of
-// a sub-tile in shared memory: at K = 128 a whole tile takes 115 KiB (one block of four warps an SM), half a
-// tile 57 KiB (three blocks). The forward saves the n entering each sub-tile.
-__host__ __device__ constexpr int sub_tile_steps(int64_t K) { return K == 128 ? kTile / 2 : kTile; }
-__host__ __device__ constexpr int sub_tiles_per_tile(int64_t K) { return kTile / sub_tile_steps(K); }
+// Steps per sub-tile of the normaliser's walks. A block holds a sub-tile's rows (q, k; in the backward also
+// dk') twice over, the next sub-tile's copy in flight while it walks this one, and the row products of
+// this one: at K = 128 in bf16, 24 KiB a block in the forward and 40 KiB in the backward (several blocks
+// an SM). The forward saves the n entering each sub-tile for the backward.
+constexpr int kSub = 16;
+constexpr int kSubs = kTile / kSub;  // sub-tiles per tile
 
 __host__ __device__ __forceinline__ int tiles_of(int64_t T) { return static_cast<int>((T + kTile - 1) / kTile); }
 
@@ -181,13 +182,14 @@ template <typename In, typename Lo, int K>
 struct Smem {
   // One [rows][K + 1] fp32 tile of row products.
   static constexpr size_t sums_of(int rows) { return (static_cast<size_t>(rows) * (K + 1) * 4 + 15) / 16 * 16; }
-  static constexpr size_t sums = sums_of(kTile), sub_sums = sums_of(sub_tile_steps(K));
+  static constexpr size_t sums = sums_of(kSub);
   static constexpr size_t rows_in = size_t{kTile} * K * sizeof(In);
-  static constexpr size_t sub_in = size_t{sub_tile_steps(K)} * K * sizeof(In);
-  static constexpr size_t sub_lo = size_t{sub_tile_steps(K)} * K * sizeof(Lo);
-  static constexpr size_t segment_walk = rows_in;                     // y
-  static constexpr size_t forward = sums + 2 * rows_in;               // prod | q | k
-  static constexpr size_t backward = 2 * sub_sums + 2 * sub_in + sub_lo;  // nrow | kprod | q | k | dk' (a sub-tile)
+  static constexpr size_t sub_in = size_t{kSub} * K * sizeof(In), sub_lo = size_t{kSub} * K * sizeof(Lo);
+  static constexpr size_t segment_walk = rows_in;  // y (a tile)
+  // A sub-tile's rows, one of two buffers: q | k (and dk' in the backward).
+  static constexpr size_t forward_rows = 2 * sub_in, backward_rows = 2 * sub_in + sub_lo;
+  static constexpr size_t forward = sums + 2 * forward_rows;           // prod | rows x 2
+  static constexpr size_t backward = 2 * sums + 2 * backward_rows;     // nrow | kprod | rows x 2
 };
 
 // The segment of blockIdx.x: (batch, head) bh and segment s of S, its tiles [first, end).
@@ -200,6 +202,14 @@ __device__ __forceinline__ Segment segment_of(int S, int seg_tiles, int T) {
   x.first = x.s * seg_tiles;
   x.end = min(x.first + seg_tiles, tiles_of(T));
   return x;
+}
+
+// The sub-tiles [first, end) of a segment's tiles that hold steps before T (at least its first).
+struct SubTiles {
+  int first, end;
+};
+__device__ __forceinline__ SubTiles sub_tiles_of(const Segment& seg, int T) {
+  return {seg.first * kSubs, min(seg.end * kSubs, (T + kSub - 1) / kSub)};
 }
 
 // The segment of one warp of the gate kernels: warp (bh, s) of B*H*S takes steps [begin, end) of segment s.
@@ -383,15 +393,27 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
   using L = Smem<In, Lo, K>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(16, unsigned char, smem);
   auto prod = reinterpret_cast<float(*)[K + 1]>(smem);  // n_t[c] q_t[c]
-  In* sq = reinterpret_cast<In*>(smem + L::sums);
-  In* sk = sq + kTile * K;
-  __shared__ float decay[kTile], key_factor[kTile];
+  auto rows = [&](int buf) { return reinterpret_cast<In*>(smem + L::sums + buf * L::forward_rows); };  // q | k
+  __shared__ float decay[kSub], key_factor[kSub];
   const Segment seg = segment_of(S, seg_tiles, T);
-  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = tiles_of(T);
+  const SubTiles st = sub_tiles_of(seg, T);
+  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x;
   const size_t stride = static_cast<size_t>(H) * K, row = static_cast<size_t>(seg.bh) * T;
   const In* qh = head_of(q, b, h, T, H, K);
   const In* kh = head_of(k, b, h, T, H, K);
   Lo* kph = head_of(kp, b, h, T, H, K) + c;
+  float* enter = entering + static_cast<size_t>(seg.bh) * tiles_of(T) * kSubs * K + c;  // [tiles * kSubs][K]
+  auto fetch = [&](int sub, int buf) {
+    start_tile_copy<In, K, kSub>(rows(buf), qh, stride, sub * kSub, T);
+    start_tile_copy<In, K, kSub>(rows(buf) + kSub * K, kh, stride, sub * kSub, T);
+  };
+  auto gates_at = [&](int sub) {  // (e^g, w) of step c of the sub-tile, threads c < kSub
+    const int t = sub * kSub + c;
+    return c < kSub && t < T ? make_float2(expf(g[row + t]), w[row + t]) : make_float2(1.f, 0.f);
+  };
+  fetch(st.first, 0);
+  __pipeline_commit();
+  float2 next = gates_at(st.first);
   // The n entering the segment: n0 carried over the segments before it.
   float n = n0 != nullptr ? n0[static_cast<size_t>(seg.bh) * K + c] : 0.f;
 #pragma unroll 8
@@ -399,23 +421,19 @@ __global__ void __launch_bounds__(K) normaliser_forward_kernel(
     const size_t at = static_cast<size_t>(seg.bh) * S + s;
     n = expf(gsum[at]) * n + n_local[at * K + c];
   }
-  constexpr int kSub = sub_tile_steps(K), kSubs = sub_tiles_per_tile(K);
-  float* enter = entering + static_cast<size_t>(seg.bh) * tiles * kSubs * K + c;  // [tiles * kSubs][K]
-  for (int tile = seg.first; tile < seg.end; ++tile) {
-    const int t0 = tile * kTile, len = min(kTile, T - t0);
-    enter[static_cast<size_t>(tile) * kSubs * K] = n;
-    start_tile_copy<In, K>(sq, qh, stride, t0, T);
-    start_tile_copy<In, K>(sk, kh, stride, t0, T);
+  for (int sub = st.first, buf = 0; sub < st.end; ++sub, buf ^= 1) {
+    const int t0 = sub * kSub, len = min(kSub, T - t0);
+    if (sub + 1 < st.end) fetch(sub + 1, buf ^ 1);  // the other buffer, free since the last barrier
     __pipeline_commit();
-    if (c < kTile) {
-      decay[c] = c < len ? expf(g[row + t0 + c]) : 1.f;
-      key_factor[c] = c < len ? w[row + t0 + c] : 0.f;
-    }
-    __pipeline_wait_prior(0);
+    if (c < kSub) decay[c] = next.x, key_factor[c] = next.y;
+    if (sub + 1 < st.end) next = gates_at(sub + 1);
+    enter[static_cast<size_t>(sub) * K] = n;
+    __pipeline_wait_prior(1);  // this sub-tile's rows
     __syncthreads();
+    const In* sq = rows(buf);
+    const In* sk = sq + kSub * K;
 #pragma unroll 8
     for (int j = 0; j < len; ++j) {
-      if (kSubs > 1 && j > 0 && j % kSub == 0) enter[(static_cast<size_t>(tile) * kSubs + j / kSub) * K] = n;
       const float kv = to_float(sk[j * K + c]) * key_factor[j];
       n = decay[j] * n + kv;
       kph[static_cast<size_t>(t0 + j) * stride] = from_float<Lo>(kv);
@@ -436,21 +454,38 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
     float* __restrict__ d_n0, int T, int H, int seg_tiles, int S, float scale) {
   using L = Smem<In, Lo, K>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(16, unsigned char, smem);
-  auto nrow = reinterpret_cast<float(*)[K + 1]>(smem);           // n_t, then e^{g_t} n_{t-1}[c] λ_t[c]
-  auto kprod = reinterpret_cast<float(*)[K + 1]>(smem + L::sub_sums);  // dk'_t[c] k'_t[c]
-  constexpr int kSub = sub_tile_steps(K), kSubs = sub_tiles_per_tile(K);
-  In* sq = reinterpret_cast<In*>(smem + 2 * L::sub_sums);
-  In* sk = sq + kSub * K;
-  Lo* sdkp = reinterpret_cast<Lo*>(sk + kSub * K);
-  __shared__ float decay[kTile], key_factor[kTile], dden[kTile];
+  auto nrow = reinterpret_cast<float(*)[K + 1]>(smem);              // n_t, then e^{g_t} n_{t-1}[c] λ_t[c]
+  auto kprod = reinterpret_cast<float(*)[K + 1]>(smem + L::sums);  // dk'_t[c] k'_t[c]
+  auto rows = [&](int buf) { return reinterpret_cast<In*>(smem + 2 * L::sums + buf * L::backward_rows); };
+  __shared__ float decay[kSub], key_factor[kSub], dden[kSub];
   const Segment seg = segment_of(S, seg_tiles, T);
-  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x, tiles = tiles_of(T);
+  const SubTiles st = sub_tiles_of(seg, T);
+  const int b = seg.bh / H, h = seg.bh % H, c = threadIdx.x;
   const size_t stride = static_cast<size_t>(H) * K, row = static_cast<size_t>(seg.bh) * T;
   const In* qh = head_of(q, b, h, T, H, K);
   const In* kh = head_of(k, b, h, T, H, K);
   const Lo* dkph = head_of(d_kp, b, h, T, H, K);
   In* dqh = head_of(dq, b, h, T, H, K) + c;
   In* dkh = head_of(dk, b, h, T, H, K) + c;
+  const float* enter = entering + static_cast<size_t>(seg.bh) * tiles_of(T) * kSubs * K + c;
+  auto fetch = [&](int sub, int buf) {  // q | k | dk'
+    start_tile_copy<In, K, kSub>(rows(buf), qh, stride, sub * kSub, T);
+    start_tile_copy<In, K, kSub>(rows(buf) + kSub * K, kh, stride, sub * kSub, T);
+    start_tile_copy<Lo, K, kSub>(reinterpret_cast<Lo*>(rows(buf) + 2 * kSub * K), dkph, stride, sub * kSub, T);
+  };
+  struct Scalars {
+    float decay, key_factor, dden;  // of step c of the sub-tile (threads c < kSub)
+    float n_entering;               // channel c
+  };
+  auto scalars_at = [&](int sub) {
+    const int t = sub * kSub + c;
+    const bool live = c < kSub && t < T;
+    return Scalars{live ? expf(g[row + t]) : 1.f, live ? w[row + t] : 0.f,
+                   live && d_den != nullptr ? d_den[row + t] : 0.f, enter[static_cast<size_t>(sub) * K]};
+  };
+  fetch(st.end - 1, 0);
+  __pipeline_commit();
+  Scalars next = scalars_at(st.end - 1);
   // μ = e^{g_{t+1}} λ_{t+1} entering the segment from its end: dL/dn_T carried back over the later segments.
   float mu = d_final != nullptr ? d_final[static_cast<size_t>(seg.bh) * K + c] : 0.f;
 #pragma unroll 8
@@ -458,22 +493,18 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
     const size_t at = static_cast<size_t>(seg.bh) * S + s;
     mu = expf(gsum[at]) * mu + mu_local[at * K + c];
   }
-  for (int sub = seg.end * kSubs - 1; sub >= seg.first * kSubs; --sub) {
+  for (int sub = st.end - 1, buf = 0; sub >= st.first; --sub, buf ^= 1) {
     const int t0 = sub * kSub, len = min(kSub, T - t0);
-    if (len <= 0) continue;  // the last tile's later sub-tiles past T (the same for the whole block)
-    start_tile_copy<In, K, kSub>(sq, qh, stride, t0, T);
-    start_tile_copy<In, K, kSub>(sk, kh, stride, t0, T);
-    start_tile_copy<Lo, K, kSub>(sdkp, dkph, stride, t0, T);
+    if (sub > st.first) fetch(sub - 1, buf ^ 1);  // the other buffer, free since the last barrier
     __pipeline_commit();
-    if (c < kSub) {
-      const bool live = c < len;
-      decay[c] = live ? expf(g[row + t0 + c]) : 1.f;
-      key_factor[c] = live ? w[row + t0 + c] : 0.f;
-      dden[c] = live && d_den != nullptr ? d_den[row + t0 + c] : 0.f;
-    }
-    const float n_entering = entering[(static_cast<size_t>(seg.bh) * tiles * kSubs + sub) * K + c];
-    __pipeline_wait_prior(0);
+    if (c < kSub) decay[c] = next.decay, key_factor[c] = next.key_factor, dden[c] = next.dden;
+    const float n_entering = next.n_entering;
+    if (sub > st.first) next = scalars_at(sub - 1);
+    __pipeline_wait_prior(1);  // this sub-tile's rows
     __syncthreads();
+    const In* sq = rows(buf);
+    const In* sk = sq + kSub * K;
+    const Lo* sdkp = reinterpret_cast<const Lo*>(sq + 2 * kSub * K);
     float n = n_entering;
 #pragma unroll 8
     for (int j = 0; j < len; ++j) {
@@ -625,7 +656,7 @@ MlstmNormaliserForward mlstm_normaliser_forward(const torch::Tensor& q, const to
   r.gsum = torch::empty({B, H, S}, f32);
   r.den = torch::empty({B, H, T}, f32);
   r.n_final = torch::empty({B, H, K}, f32);
-  r.entering = torch::empty({B, H, tiles_of(T) * sub_tiles_per_tile(K), K}, f32);
+  r.entering = torch::empty({B, H, tiles_of(T) * kSubs, K}, f32);
   auto n_local = torch::empty({B, H, S, K}, f32);
   auto maps = torch::empty({2, B, H, S}, f32);  // the segments' max-state maps (alpha, beta)
   const dim3 gate_grid((B * H * S + kGateWarps - 1) / kGateWarps), gate_block(32 * kGateWarps);
