@@ -50,8 +50,8 @@ constexpr unsigned kAll = 0xffffffffu;
 
 // Steps per sub-tile of the normaliser's walks. A block holds a sub-tile's rows (q, k; in the backward also
 // dk') twice over, the next sub-tile's copy in flight while it walks this one, and the row products of
-// this one: at K = 128 in bf16, 24 KiB a block in the forward and 40 KiB in the backward (several blocks
-// an SM). The forward saves the n entering each sub-tile for the backward.
+// this one: at K = 128 in bf16, 24 KiB a block in the forward and 41 KiB in the backward (eight and five
+// blocks an SM). The forward saves the n entering each sub-tile for the backward.
 constexpr int kSub = 16;
 constexpr int kSubs = kTile / kSub;  // sub-tiles per tile
 
