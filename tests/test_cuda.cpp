@@ -633,11 +633,18 @@ TEST(CudaOps, MlstmNormaliserKernelMatchesRecurrenceFp64) {
         cu(q, c.in), cu(k, c.in), cu(ig, torch::kFloat), cu(fg, torch::kFloat), cu(m0, torch::kFloat), fw,
         cu(d_kp, c.lo), cu(d_g, torch::kFloat), cu(d_m, torch::kFloat), cu(d_den, torch::kFloat),
         cu(d_final, torch::kFloat), scale, true);
+    // Again with a gradient that q has from elsewhere, which dq takes in.
+    auto dq_add = torch::randn({B, T, H, c.K}, f64).to(c.in).to(torch::kDouble);
+    auto bw_add = ops::cuda_kernels::mlstm_normaliser_backward(
+        cu(q, c.in), cu(k, c.in), cu(ig, torch::kFloat), cu(fg, torch::kFloat), cu(m0, torch::kFloat), fw,
+        cu(d_kp, c.lo), cu(d_g, torch::kFloat), cu(d_m, torch::kFloat), cu(d_den, torch::kFloat),
+        cu(d_final, torch::kFloat), scale, true, cu(dq_add, c.in));
     EXPECT_EQ(fw.kp.scalar_type(), c.lo);
     EXPECT_EQ(bw.dq.scalar_type(), c.in);
     const double lo_tol = c.lo == torch::kHalf ? 2e-3 : 1e-2;  // one rounding to the 16-bit dtype
     const double in_tol = c.in == torch::kFloat ? 1e-4 : lo_tol;
     const std::vector<std::tuple<std::string, torch::Tensor, torch::Tensor, double>> checks = {
+        {"dq+add", bw_add.dq, leaves[0].grad() + dq_add, in_tol},
         {"kp", fw.kp, kp, lo_tol},          {"g", fw.g, g, 1e-4},
         {"m", fw.m, m, 1e-5},               {"den", fw.den, den, 1e-4},
         {"n_final", fw.n_final, n, 1e-4},   {"dq", bw.dq, leaves[0].grad(), in_tol},

@@ -246,7 +246,9 @@ MlstmNormaliserForward mlstm_normaliser_forward(const torch::Tensor& q, const to
 // Its backward given the forward's inputs and results (kp, g, m, w, gsum, entering are read) and the
 // gradients of k' (kp_dtype, aligned), g, m, den (fp32 [B,H,T], contiguous) and n_T (each may be
 // undefined), with m held constant inside g and k' (only m0 is an input there): dq, dk (q's dtype),
-// d_igate, d_fgate [B,T,H], d_m0 [B,H] and, when asked, d_n0 [B,H,K] (fp32).
+// d_igate, d_fgate [B,T,H], d_m0 [B,H] and, when asked, d_n0 [B,H,K] (fp32). dq_add (q's dtype and shape,
+// contiguous, or undefined) is a gradient q has from elsewhere (the numerator's): dq includes it, added in
+// fp32 before dq is rounded, so that no separate pass adds the two.
 struct MlstmNormaliserGrads {
   torch::Tensor dq, dk, d_igate, d_fgate, d_m0, d_n0;
 };
@@ -255,7 +257,8 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
                                                const torch::Tensor& m0, const MlstmNormaliserForward& fw,
                                                const torch::Tensor& d_kp, const torch::Tensor& d_g,
                                                const torch::Tensor& d_m, const torch::Tensor& d_den,
-                                               const torch::Tensor& d_final, double scale, bool want_d_n0);
+                                               const torch::Tensor& d_final, double scale, bool want_d_n0,
+                                               const torch::Tensor& dq_add = {});
 
 // h = o / (max(|den|, e^{-m}) + eps) row by row (the mLSTM's numerator over its denominator): o [B,T,H,V]
 // 16-bit contiguous, den and m [B,H,T] fp32 contiguous; h in out_dtype (fp32 or o's dtype). Its backward

@@ -450,7 +450,8 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
     const In* __restrict__ q, const In* __restrict__ k, const float* __restrict__ g, const float* __restrict__ w,
     const float* __restrict__ gsum, const float* __restrict__ mu_local, const float* __restrict__ entering,
     const Lo* __restrict__ d_kp, const float* __restrict__ d_den, const float* __restrict__ d_final,
-    In* __restrict__ dq, In* __restrict__ dk, float* __restrict__ dg_n, float* __restrict__ dlogw,
+    const In* __restrict__ dq_add, In* __restrict__ dq, In* __restrict__ dk, float* __restrict__ dg_n,
+    float* __restrict__ dlogw,
     float* __restrict__ d_n0, int T, int H, int seg_tiles, int S, float scale) {
   using L = Smem<In, Lo, K>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(16, unsigned char, smem);
@@ -467,6 +468,7 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
   const Lo* dkph = head_of(d_kp, b, h, T, H, K);
   In* dqh = head_of(dq, b, h, T, H, K) + c;
   In* dkh = head_of(dk, b, h, T, H, K) + c;
+  const In* dqah = dq_add != nullptr ? head_of(dq_add, b, h, T, H, K) + c : nullptr;
   const float* enter = entering + static_cast<size_t>(seg.bh) * tiles_of(T) * kSubs * K + c;
   auto fetch = [&](int sub, int buf) {  // q | k | dk'
     start_tile_copy<In, K, kSub>(rows(buf), qh, stride, sub * kSub, T);
@@ -500,6 +502,10 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
     if (c < kSub) decay[c] = next.decay, key_factor[c] = next.key_factor, dden[c] = next.dden;
     const float n_entering = next.n_entering;
     if (sub > st.first) next = scalars_at(sub - 1);
+    float dq_add_c[kSub];  // channel c of dq_add over the sub-tile, in flight through the first walk
+#pragma unroll
+    for (int j = 0; j < kSub; ++j)
+      dq_add_c[j] = dqah != nullptr && t0 + j < T ? to_float(dqah[static_cast<size_t>(t0 + j) * stride]) : 0.f;
     __pipeline_wait_prior(1);  // this sub-tile's rows
     __syncthreads();
     const In* sq = rows(buf);
@@ -511,14 +517,15 @@ __global__ void __launch_bounds__(K) normaliser_backward_kernel(
       n = decay[j] * n + to_float(sk[j * K + c]) * key_factor[j];
       nrow[j][c] = n;
     }
-#pragma unroll 4
-    for (int j = len - 1; j >= 0; --j) {
+#pragma unroll
+    for (int j = kSub - 1; j >= 0; --j) {  // whole, so that dq_add_c stays in registers
+      if (j >= len) continue;
       const size_t r = static_cast<size_t>(t0 + j) * stride;
       const float lambda = dden[j] * scale * to_float(sq[j * K + c]) + mu;
       const float dkp = lambda + to_float(sdkp[j * K + c]);
       const float n_t = nrow[j][c], n_prev = j > 0 ? nrow[j - 1][c] : n_entering;
       dkh[r] = from_float<In>(dkp * key_factor[j]);
-      dqh[r] = from_float<In>(dden[j] * scale * n_t);
+      dqh[r] = from_float<In>(dden[j] * scale * n_t + dq_add_c[j]);
       kprod[j][c] = dkp * to_float(sk[j * K + c]) * key_factor[j];
       nrow[j][c] = decay[j] * n_prev * lambda;  // n_t is not read again: step j + 1 came first
       mu = decay[j] * lambda;
@@ -691,11 +698,16 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
                                                const torch::Tensor& m0, const MlstmNormaliserForward& fw,
                                                const torch::Tensor& d_kp, const torch::Tensor& d_g,
                                                const torch::Tensor& d_m, const torch::Tensor& d_den,
-                                               const torch::Tensor& d_final, double scale, bool want_d_n0) {
+                                               const torch::Tensor& d_final, double scale, bool want_d_n0,
+                                               const torch::Tensor& dq_add) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
   const c10::cuda::CUDAGuard guard(q.device());
   const auto f32 = q.options().dtype(torch::kFloat);
   const auto [seg_tiles, S] = segments(B, H, T);
+  TORCH_CHECK(!dq_add.defined() || (dq_add.sizes() == q.sizes() && dq_add.scalar_type() == q.scalar_type() &&
+                                    dq_add.is_contiguous()),
+              "mlstm_normaliser_backward: dq_add must be contiguous with q's shape ", q.sizes(), " and dtype ",
+              q.scalar_type());
   MlstmNormaliserGrads r;
   r.dq = torch::empty_like(q);
   r.dk = torch::empty_like(k);
@@ -719,9 +731,9 @@ MlstmNormaliserGrads mlstm_normaliser_backward(const torch::Tensor& q, const tor
            data_as<const In>(k), fw.g.data_ptr<float>(), fw.w.data_ptr<float>(), fw.gsum.data_ptr<float>(),
            mu_local.data_ptr<float>(), fw.entering.data_ptr<float>(),
            d_kp.defined() ? data_as<const Lo>(d_kp) : nullptr, ptr_or_null(d_den), ptr_or_null(d_final),
-           data_as<In>(r.dq), data_as<In>(r.dk), dg_n.data_ptr<float>(), dlogw.data_ptr<float>(),
-           out_or_null(r.d_n0), static_cast<int>(T), static_cast<int>(H), static_cast<int>(seg_tiles),
-           static_cast<int>(S), static_cast<float>(scale));
+           dq_add.defined() ? data_as<const In>(dq_add) : nullptr, data_as<In>(r.dq), data_as<In>(r.dk),
+           dg_n.data_ptr<float>(), dlogw.data_ptr<float>(), out_or_null(r.d_n0), static_cast<int>(T),
+           static_cast<int>(H), static_cast<int>(seg_tiles), static_cast<int>(S), static_cast<float>(scale));
   });
   auto maps = torch::empty({2, B, H, S}, f32);  // the segments' maps of m's gradient (M, A)
   const dim3 gate_grid((B * H * S + kGateWarps - 1) / kGateWarps), gate_block(32 * kGateWarps);

@@ -77,8 +77,10 @@ std::pair<torch::Tensor, torch::Tensor> normaliser(const torch::Tensor& Q, const
 // The parts of the mLSTM around its numerator: the keys k' = e^{i - m} k [B,T,H,K] in the numerator's
 // dtype, the numerator's decay g [B,H,T], the max state m [B,H,T], the normaliser den = n·q^ [B,H,T] and
 // the final n [B,H,K]. m carries its own gradient; inside g and k' it is held constant (m0 excepted).
+// q is the queries as the numerator takes them: q itself, or q passed through the kernels' node, which
+// then adds the numerator's gradient of q to its own in one pass.
 struct Parts {
-  torch::Tensor kp, g, m, den, n_final;
+  torch::Tensor kp, g, m, den, n_final, q;
 };
 
 // The parts in libtorch, on any device: the max state by the scan over chunks, the normaliser in the
@@ -105,7 +107,7 @@ Parts libtorch_parts(const torch::Tensor& q, const torch::Tensor& k, const torch
     };
     std::tie(den, n_final) = normaliser(chunked(q) * scale, chunked(kp), g.reshape({B, H, N, C}).cumsum(-1), n0);
   }
-  return {kp.to(q.scalar_type()), g.narrow(2, 0, T), m_grad.narrow(2, 0, T), den.narrow(2, 0, T), n_final};
+  return {kp.to(q.scalar_type()), g.narrow(2, 0, T), m_grad.narrow(2, 0, T), den.narrow(2, 0, T), n_final, q};
 }
 
 using torch::autograd::AutogradContext;
@@ -115,7 +117,9 @@ using torch::autograd::variable_list;
 using cuda_kernels::present;
 
 // The parts through ops/cuda/mlstm_normaliser.cu. Inputs q, k [B,T,H,K] (fp32 or the 16-bit kp_dtype),
-// igate, fgate [B,T,H] fp32, m0 [B,H] fp32, n0 [B,H,K] fp32 or empty; outputs kp, g, m, den, n_final.
+// igate, fgate [B,T,H] fp32, m0 [B,H] fp32, n0 [B,H,K] fp32 or empty; outputs kp, g, m, den, n_final and q
+// itself (autograd makes it a view of q with this node as its source), for the numerator: the gradient
+// that comes back to it is added into dq by the normaliser's backward kernel.
 struct GatesNormaliserFunction : public torch::autograd::Function<GatesNormaliserFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& igate, const torch::Tensor& fgate, const torch::Tensor& m0,
@@ -125,7 +129,7 @@ struct GatesNormaliserFunction : public torch::autograd::Function<GatesNormalise
     ctx->save_for_backward({q, k, igate, fgate, m0, r.kp, r.g, r.m, r.w, r.gsum, r.entering});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["n0"] = n0.numel() > 0;
-    return {r.kp, r.g, r.m, r.den, r.n_final};
+    return {r.kp, r.g, r.m, r.den, r.n_final, q};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -135,9 +139,10 @@ struct GatesNormaliserFunction : public torch::autograd::Function<GatesNormalise
     auto f32 = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kFloat).contiguous() : t; };
     const bool want_d_n0 = ctx->saved_data["n0"].toBool() && ctx->needs_input_grad(5);
     auto d_kp = grads[0].defined() ? aligned_rows(grads[0].to(fw.kp.scalar_type())) : grads[0];
+    auto dq_add = grads[5].defined() ? grads[5].to(s[0].scalar_type()).contiguous() : grads[5];
     auto r = cuda_kernels::mlstm_normaliser_backward(s[0], s[1], s[2], s[3], s[4], fw, d_kp, f32(grads[1]),
                                                      f32(grads[2]), f32(grads[3]), f32(grads[4]),
-                                                     ctx->saved_data["scale"].toDouble(), want_d_n0);
+                                                     ctx->saved_data["scale"].toDouble(), want_d_n0, dq_add);
     return {r.dq, r.dk, r.d_igate, r.d_fgate, r.d_m0, r.d_n0, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -173,7 +178,7 @@ Parts kernel_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::
   auto none = torch::empty({0}, q.options().dtype(torch::kFloat));
   auto out = GatesNormaliserFunction::apply(rows(q), rows(k), gate(igate), gate(fgate), gate(m0),
                                             n0.defined() ? gate(n0) : none, scale, static_cast<int64_t>(lo));
-  return {out[0], out[1], out[2], out[3], out[4]};
+  return {out[0], out[1], out[2], out[3], out[4], out[5]};
 }
 #endif
 
@@ -201,8 +206,8 @@ MlstmResult join(const Parts& p, const torch::Tensor& q, const torch::Tensor& v,
                  double eps, int64_t chunk, bool kernels) {
   const int64_t T = q.size(1);
   const auto lo = p.kp.scalar_type();
-  auto num = ops::gla_chunk(q.to(lo), p.kp, v.to(lo), p.g.transpose(1, 2), init.defined() ? init.c : torch::Tensor(),
-                            scale, chunk);
+  auto num = ops::gla_chunk(p.q.to(lo), p.kp, v.to(lo), p.g.transpose(1, 2),
+                            init.defined() ? init.c : torch::Tensor(), scale, chunk);
   torch::Tensor h;  // [B,T,H,V]
 #ifdef LINEARIZE_WITH_KERNELS
   if (kernels)
