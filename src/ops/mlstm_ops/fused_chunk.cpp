@@ -202,9 +202,9 @@ struct StabilisedStateFunction : public torch::autograd::Function<StabilisedStat
 // h and the final state from the parts: the numerator through gla_chunk (in k''s dtype), then
 // h = numerator / (max(|den|, e^{-m}) + eps) with m's own gradient added (see the top of this file), the
 // division by DivideRowsFunction when `kernels`.
-MlstmResult join(const Parts& p, const torch::Tensor& q, const torch::Tensor& v, const MlstmState& init, double scale,
-                 double eps, int64_t chunk, bool kernels) {
-  const int64_t T = q.size(1);
+MlstmResult join(const Parts& p, const torch::Tensor& v, const MlstmState& init, double scale, double eps,
+                 int64_t chunk, bool kernels) {
+  const int64_t T = p.q.size(1);
   const auto lo = p.kp.scalar_type();
   auto num = ops::gla_chunk(p.q.to(lo), p.kp, v.to(lo), p.g.transpose(1, 2),
                             init.defined() ? init.c : torch::Tensor(), scale, chunk);
@@ -235,7 +235,7 @@ MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tenso
   const auto opts = q.options().dtype(compute_dtype(v));
   auto n0 = init.defined() ? init.n.to(opts.dtype()) : torch::zeros({B, H, K}, opts);
   auto m0 = init.defined() ? init.m.to(opts.dtype()) : torch::zeros({B, H}, opts);
-  return join(libtorch_parts(q, k, igate, fgate, m0, n0, scale, chunk), q, v, init, scale, eps, chunk, false);
+  return join(libtorch_parts(q, k, igate, fgate, m0, n0, scale, chunk), v, init, scale, eps, chunk, false);
 }
 
 std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -250,7 +250,7 @@ std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch
   const auto f32 = q.options().dtype(torch::kFloat);
   auto m0 = init.defined() ? init.m : torch::zeros({B, H}, f32);
   auto n0 = init.defined() ? init.n : torch::Tensor();
-  return join(kernel_parts(q, k, igate, fgate, m0, n0, scale, *dt), q, v, init, scale, eps, chunk, true);
+  return join(kernel_parts(q, k, igate, fgate, m0, n0, scale, *dt), v, init, scale, eps, chunk, true);
 #else
   (void)q, (void)k, (void)v, (void)igate, (void)fgate, (void)init, (void)scale, (void)eps, (void)chunk;
   return std::nullopt;
