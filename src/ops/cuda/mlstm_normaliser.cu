@@ -180,9 +180,7 @@ __device__ __forceinline__ void row_sums(const float (*x)[K + 1], const float (*
 // Dynamic shared memory of the walks (byte offsets; fp32 tiles first, 16-byte aligned).
 template <typename In, typename Lo, int K>
 struct Smem {
-  // One [rows][K + 1] fp32 tile of row products.
-  static constexpr size_t sums_of(int rows) { return (static_cast<size_t>(rows) * (K + 1) * 4 + 15) / 16 * 16; }
-  static constexpr size_t sums = sums_of(kSub);
+  static constexpr size_t sums = (size_t{kSub} * (K + 1) * 4 + 15) / 16 * 16;  // one [kSub][K + 1] fp32
   static constexpr size_t rows_in = size_t{kTile} * K * sizeof(In);
   static constexpr size_t sub_in = size_t{kSub} * K * sizeof(In), sub_lo = size_t{kSub} * K * sizeof(Lo);
   static constexpr size_t segment_walk = rows_in;  // y (a tile)
