@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "model/mixers/factory.h"
 #include "model/mixers/mixer_config.h"
+#include "model/mixers/mlstm.h"
 #include "test_util.h"
 
 namespace linearize {
@@ -199,6 +200,40 @@ TEST(MixerState, BackwardReachesEveryParameter) {
       ASSERT_TRUE(item.value().grad().defined()) << name << ": no gradient for " << item.key();
       EXPECT_TRUE(torch::isfinite(item.value().grad()).all().item<bool>()) << name << ": " << item.key();
     }
+  }
+}
+
+// The mLSTM's per-head LayerNorm (a group norm over the heads) against its formula in fp64, value and
+// gradients: mean and biased variance over each head's D channels, then the flat weight.
+TEST(MixerBlocks, MultiHeadLayerNormMatchesPerHeadFormula) {
+  torch::manual_seed(3);
+  const int64_t B = 2, T = 7, H = 3, D = 16;
+  const double eps = 1e-6;
+  for (const auto dt : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dt));
+    MultiHeadLayerNorm norm(H, D, eps);
+    {
+      torch::NoGradGuard no_grad;
+      norm->weight.copy_(torch::randn({H * D}));
+    }
+    auto x = (torch::randn({B, T, H, D}) * 3 + 1).to(dt).requires_grad_(true);
+    auto dy = torch::randn({B, T, H * D});
+    auto y = norm(x);
+    (y.to(torch::kFloat) * dy).sum().backward();
+
+    auto x64 = x.detach().to(torch::kDouble).requires_grad_(true);
+    auto w64 = norm->weight.detach().to(torch::kDouble).requires_grad_(true);
+    auto mean = x64.mean(-1, true), var = (x64 - mean).pow(2).mean(-1, true);
+    auto want = ((x64 - mean) / (var + eps).sqrt()).flatten(2) * w64;
+    (want * dy.to(torch::kDouble)).sum().backward();
+
+    const double tol = dt == torch::kFloat ? 1e-5 : 1e-2;  // bf16: one rounding
+    EXPECT_EQ(y.scalar_type(), dt);
+    EXPECT_LE(rel_err(y, want), tol);
+    EXPECT_LE(rel_err(x.grad(), x64.grad()), tol);
+    EXPECT_LE(rel_err(norm->weight.grad(), w64.grad()), tol);  // bf16: from the rounded gradient of y
+    std::printf("[mh-layernorm] %s: y %.1e  dx %.1e  dw %.1e\n", c10::toString(dt), rel_err(y, want),
+                rel_err(x.grad(), x64.grad()), rel_err(norm->weight.grad(), w64.grad()));
   }
 }
 
