@@ -504,7 +504,10 @@ TEST(OpsMlstm, LinearAttentionFormMatchesRecurrentFp64) {
       EXPECT_GT(results[1].state.m.min().item<double>(), 8.0) << "the input gates should set the max state";
       for (size_t i = 0; i < grads[0].size(); ++i) {
         ASSERT_TRUE(grads[0][i].defined()) << "input " << i;
-        EXPECT_LE(rel_err(grads[0][i], grads[1][i]), 1e-8) << "input " << i;
+        // 1e-7: m0's gradient passes through e^m ~ e^14, and which of OpenBLAS's fp64 kernels run moves it
+        // (2.9e-8 with those it picks on an AMD EPYC, within 1e-8 with OPENBLAS_CORETYPE=SkylakeX); either
+        // gradient correction left out gives 3e-5.
+        EXPECT_LE(rel_err(grads[0][i], grads[1][i]), 1e-7) << "input " << i;
       }
     }
 }
