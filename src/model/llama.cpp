@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "compat/torch_compat.h"
+#include "ops/ops.h"
 
 namespace linearize {
 
@@ -10,13 +11,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", torch::ones({dim}));
 }
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  auto x32 = x.to(torch::kFloat);
-  auto y = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * y.to(x.scalar_type());
-}
-
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps); }
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return ops::rms_norm(x, weight, eps); }
 
 Rotary::Rotary(int64_t head_dim, double theta, const RopeScaling& scaling) {
   auto exponents = torch::arange(0, head_dim, 2, torch::kLong).to(torch::kFloat) / static_cast<double>(head_dim);

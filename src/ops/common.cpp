@@ -1,4 +1,4 @@
-// Shared pieces of the op families: L2 norm, layout and dtype changes, time padding, gate
+// Shared pieces of the op families: layout and dtype changes, time padding, gate
 // normalisation and the intra-chunk gated score matrix (see common.h for the contracts).
 //
 // The gated score matrix for a vector gate (GLA, KDA) is the delicate one. Within a chunk G is the
@@ -22,13 +22,6 @@
 #endif
 
 namespace linearize::ops {
-
-torch::Tensor l2_norm(const torch::Tensor& x, double eps) {
-  const auto dt = detail::compute_dtype(x);
-  auto xf = x.to(dt);
-  auto y = xf * torch::rsqrt(xf.pow(2).sum(-1, /*keepdim=*/true) + eps);
-  return y.to(x.scalar_type());
-}
 
 namespace detail {
 

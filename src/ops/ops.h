@@ -70,7 +70,12 @@ bool kernel_emulation_enabled();
 // Whether the fused kernels take t: a CUDA tensor, or a CPU one while emulation is on.
 bool on_kernel_device(const torch::Tensor& t);
 
-// L2 normalisation over the last dim in fp32: x / sqrt(sum x^2 + eps), returned in x's dtype.
+// ---- Norms over the last dim (ops/row_norms.cpp), in fp32 inside whatever the dtype ----------------
+// On a kernel device (ops/cuda/row_norms.cu) one kernel each way, which keeps only the per-row factor for
+// the backward; elsewhere the libtorch formula.
+// L2 normalisation: x / sqrt(sum x^2 + eps), returned in x's dtype.
 torch::Tensor l2_norm(const torch::Tensor& x, double eps = 1e-6);
+// RMS norm as Hugging Face's LlamaRMSNorm: weight * (x / sqrt(mean x^2 + eps)).to(x's dtype); weight [D].
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 }  // namespace linearize::ops

@@ -76,6 +76,7 @@ inline unsigned __float_as_uint(float f) {
   return u;
 }
 inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 // CUDA's overloaded min and max of device code.
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

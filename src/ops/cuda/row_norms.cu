@@ -1,0 +1,211 @@
+// Norms over the last dim of [rows, D], one warp a row: the RMS norm of the Llama blocks and the mixers'
+// output norms, and the L2 norm of the delta-rule mixers' q and k (see kernels.h for the contract):
+//   r = (mean_scale Σ_c x_c² + eps)^-1/2,   n = x r,   y = w ⊙ round(n)   (no w: y = round(n))
+// with round() to x's dtype and the product in y's dtype, as the libtorch formula does it. Backward:
+//   dn = dy ⊙ w,   dx = r (dn - n mean_scale Σ_c dn_c n_c),   dw = Σ_rows dy ⊙ round(n)
+// Each warp reads its row twice (the second read mostly from L1/L2): the sum first, then the outputs. The
+// libtorch formula makes some six passes over [rows, D] forward and more backward (pow, mean, the products,
+// the casts, and their gradients) and keeps an fp32 copy of n for the backward; this keeps r [rows] only.
+// dw: each warp adds its rows' terms into its own row of shared memory (lane l owns columns l, l + 32, ...,
+// so no two threads touch a word), then a block sums its warps into partials [blocks, D] fp32, and the host
+// adds those up. Block counts depend on the shape only, so dw is the same from run to run.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
+#include "ops/cuda/shared_memory.cuh"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+constexpr int kWarps = 4;  // rows a block walks at once
+constexpr int kThreads = kWarps * 32;
+constexpr int64_t kPartialFloats = int64_t{1} << 20;  // dw's partials [blocks, D] take at most 4 MiB
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+  return x;
+}
+
+// y's dtype: fp32 if x or w is, else x's (libtorch's type promotion for w * n).
+template <typename E, typename W>
+using OutOf = std::conditional_t<std::is_same_v<E, float> || std::is_same_v<W, float>, float, E>;
+
+// x [rows, D] (E), w [D] (W) or null -> y [rows, D], r [rows] fp32.
+template <typename E, typename W>
+__global__ void __launch_bounds__(kThreads)
+    row_norm_forward_kernel(const E* __restrict__ x, const W* __restrict__ w, OutOf<E, W>* __restrict__ y,
+                            float* __restrict__ r, int64_t rows, int D, float mean_scale, float eps) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const E* xr = x + row * D;
+    float ss = 0.f;
+    for (int c = lane; c < D; c += 32) {
+      const float v = static_cast<float>(xr[c]);
+      ss += v * v;
+    }
+    const float s = rsqrtf(warp_sum(ss) * mean_scale + eps);
+    if (lane == 0) r[row] = s;
+    auto* yr = y + row * D;
+    for (int c = lane; c < D; c += 32) {
+      const E n = static_cast<E>(static_cast<float>(xr[c]) * s);
+      if (w == nullptr) yr[c] = static_cast<OutOf<E, W>>(n);
+      else yr[c] = static_cast<OutOf<E, W>>(static_cast<float>(w[c]) * static_cast<float>(n));
+    }
+  }
+}
+
+// Given x, w (or null), r and dy (y's dtype): dx [rows, D] (E) and, with partials, dw's partial sums
+// [gridDim.x, D] fp32. Shared memory: [kWarps, D] fp32 with partials, else none.
+template <typename E, typename W>
+__global__ void __launch_bounds__(kThreads)
+    row_norm_backward_kernel(const E* __restrict__ x, const W* __restrict__ w, const float* __restrict__ r,
+                             const OutOf<E, W>* __restrict__ dy, E* __restrict__ dx, float* __restrict__ partials,
+                             int64_t rows, int D, float mean_scale) {
+  LINEARIZE_DYNAMIC_SHARED(float, sdw);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float* own = sdw + warp * D;  // this warp's terms of dw
+  if (partials != nullptr)
+    for (int c = lane; c < D; c += 32) own[c] = 0.f;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const E* xr = x + row * D;
+    const auto* dyr = dy + row * D;
+    const float s = r[row];
+    float dot = 0.f;  // Σ dn ⊙ x, times s below: Σ dn ⊙ n
+    for (int c = lane; c < D; c += 32) {
+      const float wc = w == nullptr ? 1.f : static_cast<float>(w[c]);
+      dot += static_cast<float>(dyr[c]) * wc * static_cast<float>(xr[c]);
+    }
+    const float k = warp_sum(dot) * s * mean_scale;
+    E* dxr = dx + row * D;
+    for (int c = lane; c < D; c += 32) {
+      const float g = static_cast<float>(dyr[c]), n = static_cast<float>(xr[c]) * s;
+      const float wc = w == nullptr ? 1.f : static_cast<float>(w[c]);
+      dxr[c] = static_cast<E>(s * (g * wc - n * k));
+      if (partials != nullptr) own[c] += g * static_cast<float>(static_cast<E>(n));
+    }
+  }
+  if (partials == nullptr) return;
+  __syncthreads();
+  for (int c = threadIdx.x; c < D; c += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int v = 0; v < kWarps; ++v) sum += sdw[v * D + c];
+    partials[static_cast<int64_t>(blockIdx.x) * D + c] = sum;
+  }
+}
+
+// The kernels' element type for dt (the caller checked it is one of the three).
+template <typename Fn>
+void dispatch_element(torch::ScalarType dt, Fn fn) {
+  if (dt == torch::kFloat) fn(float{});
+  else if (dt == torch::kBFloat16) fn(c10::BFloat16{});
+  else fn(c10::Half{});
+}
+
+// Calls fn(E{}, W{}) for x's and w's dtypes (w undefined: W = E).
+template <typename Fn>
+void dispatch_pair(const torch::Tensor& x, const torch::Tensor& w, Fn fn) {
+  dispatch_element(x.scalar_type(), [&](auto e) {
+    dispatch_element(w.defined() ? w.scalar_type() : x.scalar_type(), [&](auto wt) { fn(e, wt); });
+  });
+}
+
+template <typename T>
+const T* data_or_null(const torch::Tensor& t) {
+  return t.defined() ? reinterpret_cast<const T*>(t.data_ptr()) : nullptr;
+}
+
+template <typename T>
+T* data_of(const torch::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+bool norm_dtype(torch::ScalarType t) {
+  return t == torch::kFloat || t == torch::kBFloat16 || t == torch::kHalf;
+}
+
+// One block for every kWarps rows, at most `cap` blocks (each warp then walks several rows).
+unsigned blocks_for(int64_t rows, int64_t cap) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + kWarps - 1) / kWarps, cap)));
+}
+
+void check_input(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && norm_dtype(x.scalar_type()),
+              "row norm: expects x [rows, D] fp32, bf16 or fp16, contiguous; got ", x.sizes(), " ", x.scalar_type());
+  TORCH_CHECK(row_norm_supported(x.scalar_type(), w.defined() ? w.scalar_type() : x.scalar_type(), x.size(1)),
+              "row norm: unsupported x dtype ", x.scalar_type(), ", weight dtype ",
+              w.defined() ? w.scalar_type() : x.scalar_type(), " or row length ", x.size(1));
+  if (w.defined())
+    TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(1) && w.is_contiguous() && w.device() == x.device(),
+                "row norm: expects weight [", x.size(1), "] contiguous on ", x.device(), "; got ", w.sizes(), " on ",
+                w.device());
+}
+
+}  // namespace
+
+bool row_norm_supported(torch::ScalarType x_dtype, torch::ScalarType w_dtype, int64_t D) {
+  const bool pair = w_dtype == x_dtype || w_dtype == torch::kFloat || x_dtype == torch::kFloat;
+  return norm_dtype(x_dtype) && norm_dtype(w_dtype) && pair && D >= 1 && D <= kMaxRowNormSize;
+}
+
+RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, double mean_scale, double eps) {
+  check_input(x, w);
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t rows = x.size(0), D = x.size(1);
+  const auto y_dtype = w.defined() ? at::promote_types(x.scalar_type(), w.scalar_type()) : x.scalar_type();
+  RowNormForward out{torch::empty({rows, D}, x.options().dtype(y_dtype)),
+                     torch::empty({rows}, x.options().dtype(torch::kFloat))};
+  if (rows == 0) return out;
+  dispatch_pair(x, w, [&](auto e, auto wt) {
+    using E = decltype(e);
+    using W = decltype(wt);
+    launch(row_norm_forward_kernel<E, W>, blocks_for(rows, int64_t{1} << 20), kThreads, 0, data_of<E>(x),
+           data_or_null<W>(w), data_of<OutOf<E, W>>(out.y), out.rstd.data_ptr<float>(), rows, static_cast<int>(D),
+           static_cast<float>(mean_scale), static_cast<float>(eps));
+  });
+  return out;
+}
+
+RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& rstd,
+                               const torch::Tensor& dy, double mean_scale, bool want_dw) {
+  check_input(x, w);
+  const int64_t rows = x.size(0), D = x.size(1);
+  TORCH_CHECK(rstd.sizes() == torch::IntArrayRef{rows} && rstd.scalar_type() == torch::kFloat && rstd.is_contiguous(),
+              "row norm backward: expects rstd [", rows, "] fp32 contiguous; got ", rstd.sizes(), " ",
+              rstd.scalar_type());
+  const auto y_dtype = w.defined() ? at::promote_types(x.scalar_type(), w.scalar_type()) : x.scalar_type();
+  TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == y_dtype && dy.is_contiguous(),
+              "row norm backward: expects dy ", x.sizes(), " ", y_dtype, " contiguous; got ", dy.sizes(), " ",
+              dy.scalar_type());
+  want_dw = want_dw && w.defined();
+  const c10::cuda::CUDAGuard guard(x.device());
+  RowNormGrads out;
+  out.dx = torch::empty_like(x);
+  const unsigned blocks = blocks_for(rows, std::max<int64_t>(1, kPartialFloats / D));
+  torch::Tensor partials;
+  if (want_dw) partials = torch::empty({static_cast<int64_t>(blocks), D}, x.options().dtype(torch::kFloat));
+  if (rows > 0) {
+    dispatch_pair(x, w, [&](auto e, auto wt) {
+      using E = decltype(e);
+      using W = decltype(wt);
+      launch(row_norm_backward_kernel<E, W>, blocks, kThreads, want_dw ? kWarps * D * sizeof(float) : 0,
+             data_of<E>(x), data_or_null<W>(w), rstd.data_ptr<float>(), data_of<OutOf<E, W>>(dy), data_of<E>(out.dx),
+             want_dw ? partials.data_ptr<float>() : nullptr, rows, static_cast<int>(D), static_cast<float>(mean_scale));
+    });
+  }
+  if (want_dw) out.dw = rows > 0 ? partials.sum(0).to(w.scalar_type()) : torch::zeros_like(w);
+  return out;
+}
+
+}  // namespace linearize::ops::cuda_kernels
