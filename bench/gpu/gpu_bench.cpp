@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/host_memory.h"
 #include "compat/torch_compat.h"
 #include "distill/stages.h"
 #include "infer/graphed_step.h"
@@ -468,6 +469,7 @@ int usage() {
 
 int main(int argc, char** argv) {
   using namespace linearize;
+  cli::keep_freed_memory_for_reuse();
   if (argc < 2) return usage();
   Settings s;
   s.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "cli/host_memory.h"
 #include "io/error.h"
 
 namespace linearize::cli {
@@ -55,6 +56,7 @@ void print_usage(std::ostream& out) {
 }  // namespace
 
 int run_cli(int argc, char** argv) {
+  keep_freed_memory_for_reuse();
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
     print_usage(std::cout);
