@@ -55,10 +55,13 @@ torch::Tensor rotate_half(const torch::Tensor& x) {
 }  // namespace
 
 torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t start) const {
-  auto [cos, sin] = tables(start, x.size(2), x.device());
-  cos = cos.to(x.scalar_type());
-  sin = sin.to(x.scalar_type());
-  return x * cos + rotate_half(x) * sin;
+  const int64_t length = x.size(2);
+  if (last_.start != start || last_.length != length || !last_.cos.defined() || last_.cos.device() != x.device() ||
+      last_.cos.scalar_type() != x.scalar_type()) {
+    auto [cos, sin] = tables(start, length, x.device());
+    last_ = {start, length, cos.to(x.scalar_type()), sin.to(x.scalar_type())};
+  }
+  return x * last_.cos + rotate_half(x) * last_.sin;
 }
 
 torch::Tensor Rotary::apply_at(const torch::Tensor& x, const torch::Tensor& pos) const {

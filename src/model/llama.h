@@ -36,6 +36,13 @@ class Rotary {
   const torch::Tensor& inv_freq_on(torch::Device device) const;
   torch::Tensor inv_freq_;                  // [D/2] fp32, CPU
   mutable torch::Tensor device_inv_freq_;  // inv_freq_ on the device last asked for
+  // apply's last tables, in the dtype it asked for: a layer's q and k, and every training step of one
+  // length, rotate by the same ones (seven launches each time they are made).
+  struct Tables {
+    int64_t start = -1, length = -1;
+    torch::Tensor cos, sin;  // [T, D]
+  };
+  mutable Tables last_;
 };
 
 // Repeats each of the Hkv heads `groups` times, head-major: [B, Hkv, T, D] -> [B, Hkv*groups, T, D].
