@@ -13,13 +13,14 @@
 #   variants     kernel changes not yet on main, timed against the build they patch: for each patch in
 #                ${VARIANTS:-.device/variants}/*.patch (made by scripts/export_variants.sh), apply it, rebuild,
 #                run the tests of VARIANT_TESTS (a gtest filter, default the fused ops' Cuda tests; none: no
-#                tests) and `ops ${OPS_ARGS}` (with VARIANT_PROFILE=1 also profile-ops), then take it back out; the
+#                tests) and `ops ${OPS_ARGS}` (with VARIANT_PROFILE=1 also profile-ops; VARIANT_BENCH=train or
+#                decode runs that bench instead, with its ARGS), then take it back out; the
 #                unpatched build runs the same bench first (not with VARIANT_BASE=0). VARIANT_NAMES="a b" picks
 #                some of the patches (one call has 10 minutes). Logs and tables in $OUT/variants/<name>.*; the
 #                unpatched build is rebuilt at the end only when another step follows
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
-# OPS_ARGS, TRAIN_ARGS: extra arguments of the ops and train benches, e.g. OPS_ARGS="--head-dim 64 --only retnet+",
-# TRAIN_ARGS="--shapes 1.7b --only linear_attention,retnet")
+# OPS_ARGS, TRAIN_ARGS, DECODE_ARGS: extra arguments of the ops, train and decode benches, e.g.
+# OPS_ARGS="--head-dim 64 --only retnet+", TRAIN_ARGS="--shapes 1.7b --only linear_attention,retnet")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_out}
@@ -43,6 +44,12 @@ echo "built in $(( $(date +%s) - start )) s"
 ops_bench() {
   timeout ${OPS_LIMIT:-600} build-gpu/linearize_gpu_bench ops ${OPS_ARGS:-} > "$1.md" 2> "$1.log"; cat "$1.md"
 }
+train_bench() {
+  timeout ${TRAIN_LIMIT:-600} build-gpu/linearize_gpu_bench train ${TRAIN_ARGS:-} > "$1.md" 2> "$1.log"; cat "$1.md"
+}
+decode_bench() {
+  timeout ${DECODE_LIMIT:-600} build-gpu/linearize_gpu_bench decode ${DECODE_ARGS:-} > "$1.md" 2> "$1.log"; cat "$1.md"
+}
 ops_profile() {
   ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
     build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$1.csv" 2>> "$2"
@@ -58,8 +65,13 @@ bench_variant() {
       > "$dir/$name.tests.log" 2>&1
     echo "-- $name: $(grep -E '^\[  (PASSED|FAILED)  \]' "$dir/$name.tests.log" | tr '\n' ' ')"
   fi
-  ops_bench "$dir/$name"
-  [ "${VARIANT_PROFILE:-0}" != 1 ] || ops_profile "$dir/$name.profile" "$dir/$name.log"
+  case ${VARIANT_BENCH:-ops} in
+    ops) ops_bench "$dir/$name"
+         [ "${VARIANT_PROFILE:-0}" != 1 ] || ops_profile "$dir/$name.profile" "$dir/$name.log" ;;
+    train) train_bench "$dir/$name" ;;
+    decode) decode_bench "$dir/$name" ;;
+    *) echo "VARIANT_BENCH: expected ops, train or decode, got ${VARIANT_BENCH}"; return 1 ;;
+  esac
 }
 
 # apply_patch check|apply|revert FILE on the working tree: git apply where git is, else patch.
@@ -97,8 +109,8 @@ for step in "$@"; do
            build-gpu/linearize_tests --gtest_filter='OpsGolden.*:MixerGolden.*:LlamaGolden.*:Cuda*' >> "$OUT/tests.log" 2>&1
            grep -E "^\[(cuda|golden)|tests passed|FAILED|PASSED|Failure|Expected|Which is" "$OUT/tests.log" | head -80 ;;
     bench-ops) ops_bench "$OUT/bench-ops" ;;
-    bench-train) timeout ${TRAIN_LIMIT:-600} build-gpu/linearize_gpu_bench train ${TRAIN_ARGS:-} > "$OUT/bench-train.md" 2> "$OUT/bench-train.log"; cat "$OUT/bench-train.md" ;;
-    bench-decode) timeout ${DECODE_LIMIT:-600} build-gpu/linearize_gpu_bench decode > "$OUT/bench-decode.md" 2> "$OUT/bench-decode.log"; cat "$OUT/bench-decode.md" ;;
+    bench-train) train_bench "$OUT/bench-train" ;;
+    bench-decode) decode_bench "$OUT/bench-decode" ;;
     profile-ops) : > "$OUT/profile-ops.log"; ops_profile "$OUT/profile-ops" "$OUT/profile-ops.log" ;;
     profile-detail) ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
                       --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \

@@ -61,7 +61,7 @@ struct Settings {
   std::vector<std::string> shapes = {"135m", "1.7b"};
   bool shapes_given = false;
   int64_t head_dim = 0;            // ops: 0 = the default (128 on CUDA)
-  std::vector<std::string> only;   // ops: run only these kinds; train: only these mixers (empty: all)
+  std::vector<std::string> only;   // ops: run only these kinds; train, decode: only these mixers (empty: all)
   std::vector<int64_t> lengths;    // ops: the sequence lengths (empty: the defaults)
 };
 
@@ -373,7 +373,7 @@ void bench_decode(const Settings& s) {
   std::vector<int64_t> contexts = gpu ? std::vector<int64_t>{1024, 4096, 16384, 32768} : std::vector<int64_t>{256, 1024};
   std::vector<int64_t> batches = gpu ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 4};
   std::vector<std::string> models = {"teacher"};
-  for (const auto& m : mixer_kinds()) models.push_back(m);
+  for (const auto& m : s.only.empty() ? mixer_kinds() : s.only) models.push_back(m);
   if (s.quick) contexts.resize(1), models.resize(2);
   const auto dt = gpu ? torch::kBFloat16 : torch::kFloat;
   torch::manual_seed(0);
@@ -459,7 +459,7 @@ void bench_decode(const Settings& s) {
 
 int usage() {
   std::cerr << "usage: linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]\n"
-               "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops, name+ adds its libtorch-chunks row; train: which mixers)\n"
+               "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops, name+ adds its libtorch-chunks row; train, decode: which mixers)\n"
                "                           [--lengths T,T,...]   (ops: the sequence lengths; default 1k..16k, --quick the first)\n";
   return 2;
 }
