@@ -33,24 +33,26 @@ Rotary::Rotary(int64_t head_dim, double theta, const RopeScaling& scaling) {
   }
 }
 
-const torch::Tensor& Rotary::inv_freq_on(torch::Device device) const {
+const torch::Tensor& Rotary::signed_inv_freq_on(torch::Device device) const {
   // Kept per device: a host-to-device copy in every layer of every decode step would stall the GPU.
-  if (!device_inv_freq_.defined() || device_inv_freq_.device() != device) device_inv_freq_ = inv_freq_.to(device);
+  if (!device_inv_freq_.defined() || device_inv_freq_.device() != device)
+    device_inv_freq_ = torch::cat({-inv_freq_, inv_freq_}).to(device);
   return device_inv_freq_;
 }
 
 std::pair<torch::Tensor, torch::Tensor> Rotary::tables(int64_t start, int64_t length,
                                                        torch::Device device) const {
   auto pos = torch::arange(start, start + length, torch::TensorOptions().dtype(torch::kFloat).device(device));
-  auto freqs = torch::outer(pos, inv_freq_on(device));  // [T, D/2]
-  auto emb = torch::cat({freqs, freqs}, -1);              // [T, D]
-  return {emb.cos(), emb.sin()};
+  auto angles = torch::outer(pos, signed_inv_freq_on(device));  // [T, D]
+  return {angles.cos(), angles.sin()};
 }
 
 namespace {
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+// x * cos + rotate_half(x) * sin in HF's rotate-half layout, with rotate_half(x) = [-x2, x1]: that is
+// roll(x) = [x2, x1] times sin with its first half negated (sin_signed), so a product, a roll and one
+// multiply-add, three launches where the rotation written out takes five.
+torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin_signed) {
+  return torch::addcmul(x * cos, x.roll({x.size(-1) / 2}, {-1}), sin_signed);
 }
 }  // namespace
 
@@ -58,17 +60,16 @@ torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t start) const {
   const int64_t length = x.size(2);
   if (last_.start != start || last_.length != length || !last_.cos.defined() || last_.cos.device() != x.device() ||
       last_.cos.scalar_type() != x.scalar_type()) {
-    auto [cos, sin] = tables(start, length, x.device());
-    last_ = {start, length, cos.to(x.scalar_type()), sin.to(x.scalar_type())};
+    auto [cos, sin_signed] = tables(start, length, x.device());
+    last_ = {start, length, cos.to(x.scalar_type()), sin_signed.to(x.scalar_type())};
   }
-  return x * last_.cos + rotate_half(x) * last_.sin;
+  return rotate(x, last_.cos, last_.sin_signed);
 }
 
 torch::Tensor Rotary::apply_at(const torch::Tensor& x, const torch::Tensor& pos) const {
-  auto freqs = pos.to(x.device(), torch::kFloat).unsqueeze(-1) * inv_freq_on(x.device());  // [B,T,D/2]
-  auto emb = torch::cat({freqs, freqs}, -1).unsqueeze(1);                                   // [B,1,T,D]
-  auto cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
-  return x * cos + rotate_half(x) * sin;
+  auto angles = pos.to(x.device(), torch::kFloat).unsqueeze(-1) * signed_inv_freq_on(x.device());  // [B,T,D]
+  angles = angles.unsqueeze(1);                                                                     // [B,1,T,D]
+  return rotate(x, angles.cos().to(x.scalar_type()), angles.sin().to(x.scalar_type()));
 }
 
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {

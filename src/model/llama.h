@@ -25,6 +25,8 @@ TORCH_MODULE(RMSNorm);
 class Rotary {
  public:
   Rotary(int64_t head_dim, double theta, const RopeScaling& scaling = {});
+  // The tables of the angles with their first half negated: cos is HF's (cos is even), sin HF's with its
+  // first half negated (sin is odd), which is what the rotation in apply takes.
   std::pair<torch::Tensor, torch::Tensor> tables(int64_t start, int64_t length, torch::Device device) const;
   // x [B, H, T, D] rotated for positions start..start+T-1 (rotate-half layout).
   torch::Tensor apply(const torch::Tensor& x, int64_t start) const;
@@ -33,14 +35,14 @@ class Rotary {
   const torch::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
-  const torch::Tensor& inv_freq_on(torch::Device device) const;
+  const torch::Tensor& signed_inv_freq_on(torch::Device device) const;
   torch::Tensor inv_freq_;                  // [D/2] fp32, CPU
-  mutable torch::Tensor device_inv_freq_;  // inv_freq_ on the device last asked for
+  mutable torch::Tensor device_inv_freq_;  // [-inv_freq_, inv_freq_] on the device last asked for
   // apply's last tables, in the dtype it asked for: a layer's q and k, and every training step of one
-  // length, rotate by the same ones (seven launches each time they are made).
+  // length, rotate by the same ones (seven launches or more each time they are made).
   struct Tables {
     int64_t start = -1, length = -1;
-    torch::Tensor cos, sin;  // [T, D]
+    torch::Tensor cos, sin_signed;  // [T, D]; sin_signed: sin with its first half negated
   };
   mutable Tables last_;
 };
