@@ -121,14 +121,10 @@ void dispatch_pair(const torch::Tensor& x, const torch::Tensor& w, Fn fn) {
   });
 }
 
+// The weight's data, or null when there is none.
 template <typename T>
 const T* data_or_null(const torch::Tensor& t) {
-  return t.defined() ? reinterpret_cast<const T*>(t.data_ptr()) : nullptr;
-}
-
-template <typename T>
-T* data_of(const torch::Tensor& t) {
-  return reinterpret_cast<T*>(t.data_ptr());
+  return t.defined() ? data_as<T>(t) : nullptr;
 }
 
 bool norm_dtype(torch::ScalarType t) {
@@ -170,8 +166,8 @@ RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, 
   dispatch_pair(x, w, [&](auto e, auto wt) {
     using E = decltype(e);
     using W = decltype(wt);
-    launch(row_norm_forward_kernel<E, W>, blocks_for(rows, int64_t{1} << 20), kThreads, 0, data_of<E>(x),
-           data_or_null<W>(w), data_of<OutOf<E, W>>(out.y), out.rstd.data_ptr<float>(), rows, static_cast<int>(D),
+    launch(row_norm_forward_kernel<E, W>, blocks_for(rows, int64_t{1} << 20), kThreads, 0, data_as<E>(x),
+           data_or_null<W>(w), data_as<OutOf<E, W>>(out.y), out.rstd.data_ptr<float>(), rows, static_cast<int>(D),
            static_cast<float>(mean_scale), static_cast<float>(eps));
   });
   return out;
@@ -200,7 +196,7 @@ RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, c
       using E = decltype(e);
       using W = decltype(wt);
       launch(row_norm_backward_kernel<E, W>, blocks, kThreads, want_dw ? kWarps * D * sizeof(float) : 0,
-             data_of<E>(x), data_or_null<W>(w), rstd.data_ptr<float>(), data_of<OutOf<E, W>>(dy), data_of<E>(out.dx),
+             data_as<E>(x), data_or_null<W>(w), rstd.data_ptr<float>(), data_as<OutOf<E, W>>(dy), data_as<E>(out.dx),
              want_dw ? partials.data_ptr<float>() : nullptr, rows, static_cast<int>(D), static_cast<float>(mean_scale));
     });
   }
