@@ -670,7 +670,8 @@ TEST(CudaOps, MlstmNormaliserKernelMatchesRecurrenceFp64) {
 // dtypes, where it runs), and the value bit for bit what the kernel gives when called directly (so the ops
 // do take the kernels). Sizes: the mixers' heads (64, 100, 128), SmolLM2-135M's and -1.7B's hidden sizes,
 // and two above the one-row-per-warp range (5000 asks for more than 48 KiB of shared memory in the
-// backward; 8192 with 520 rows walks more rows than the grid has warps).
+// backward; 8192 with 520 rows walks more rows than the grid has warps); and the RMS norm with the mixers'
+// output gates (sigmoid, silu), whose gradient is checked too.
 TEST(CudaOps, RowNormKernelsMatchFp64) {
   REQUIRE_KERNELS();
 #ifdef LINEARIZE_WITH_KERNELS
@@ -678,42 +679,58 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
     int64_t rows, D;
     torch::ScalarType x, w;
     bool rms;  // else the L2 norm (no weight)
+    ops::Gate gate = ops::Gate::none;
   };
   const auto f32 = torch::kFloat, bf16 = torch::kBFloat16, f16 = torch::kHalf;
+  const auto sigmoid = ops::Gate::sigmoid, silu = ops::Gate::silu;
   const double eps = 1e-5;
   for (const Case c : {Case{37, 64, f32, f32, true}, Case{9, 576, bf16, f32, true}, Case{13, 100, bf16, bf16, true},
                        Case{5, 2048, f16, f16, true}, Case{6, 64, f32, bf16, true}, Case{3, 5000, f32, f32, true},
                        Case{260, 8192, bf16, f32, true}, Case{37, 64, f32, f32, false},
-                       Case{11, 128, bf16, bf16, false}, Case{7, 64, f16, f16, false}}) {
+                       Case{11, 128, bf16, bf16, false}, Case{7, 64, f16, f16, false},
+                       Case{37, 64, f32, f32, true, silu}, Case{33, 128, bf16, f32, true, sigmoid},
+                       Case{13, 100, bf16, bf16, true, silu}, Case{5, 64, f16, f16, true, sigmoid}}) {
     const auto y_dtype = c.rms ? at::promote_types(c.x, c.w) : c.x;
-    SCOPED_TRACE(std::string(c.rms ? "rms" : "l2") + " D=" + std::to_string(c.D) + " x=" + c10::toString(c.x) +
-                 " w=" + c10::toString(c.w));
+    const bool gated = c.gate != ops::Gate::none;
+    const char* gate_name = c.gate == sigmoid ? " sigmoid" : c.gate == silu ? " silu" : "";
+    SCOPED_TRACE(std::string(c.rms ? "rms" : "l2") + gate_name + " D=" + std::to_string(c.D) +
+                 " x=" + c10::toString(c.x) + " w=" + c10::toString(c.w));
     torch::manual_seed(60 + c.D);
     const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
     auto x = (torch::randn({2, c.rows, c.D}, f64) * 3 + 0.5).to(c.x);
     auto w = (torch::rand({c.D}, f64) + 0.5).to(c.w);
     auto dy = torch::randn({2, c.rows, c.D}, f64).to(y_dtype);
+    auto gate = (torch::randn({2, c.rows, c.D}, f64) * 2).to(c.x);
 
     auto x64 = x.to(torch::kDouble).requires_grad_(true), w64 = w.to(torch::kDouble).requires_grad_(true);
+    auto gate64 = gate.to(torch::kDouble).requires_grad_(true);
     auto squares = x64.pow(2);
     auto y64 = x64 * torch::rsqrt((c.rms ? squares.mean(-1, true) : squares.sum(-1, true)) + eps);
     if (c.rms) y64 = y64 * w64;
+    if (c.gate == sigmoid) y64 = y64 * torch::sigmoid(gate64);
+    if (c.gate == silu) y64 = y64 * torch::silu(gate64);
     y64.backward(dy.to(torch::kDouble));
 
-    // The ops on the kernel device (fused or, with fused false, the libtorch formula): y, dx, dw.
+    // The ops on the kernel device (fused or, with fused false, the libtorch formula): y, dx, dw, dgate.
     auto run = [&](bool fused) {
       ops::set_fused_kernels(fused);
       auto xd = x.to(dev).clone().requires_grad_(true), wd = w.to(dev).clone().requires_grad_(true);
-      auto y = c.rms ? ops::rms_norm(xd, wd, eps) : ops::l2_norm(xd, eps);
+      auto gd = gate.to(dev).clone().requires_grad_(true);
+      auto y = c.rms ? ops::rms_norm(xd, wd, eps, gd, c.gate) : ops::l2_norm(xd, eps);
       y.backward(dy.to(dev));
       ops::set_fused_kernels(true);
-      return std::make_tuple(y.detach(), xd.grad(), c.rms ? wd.grad() : torch::Tensor());
+      return std::make_tuple(y.detach(), xd.grad(), c.rms ? wd.grad() : torch::Tensor(),
+                             gated ? gd.grad() : torch::Tensor());
     };
-    const auto [y, dx, dw] = run(true);
+    const auto [y, dx, dw, dgate] = run(true);
     EXPECT_EQ(y.scalar_type(), y_dtype);
     EXPECT_EQ(dx.scalar_type(), c.x);
-    auto direct = ops::cuda_kernels::row_norm_forward(x.to(dev).view({-1, c.D}), c.rms ? w.to(dev) : torch::Tensor(),
-                                                      c.rms ? 1.0 / static_cast<double>(c.D) : 1.0, eps);
+    const auto kernel_gate = c.gate == sigmoid ? ops::cuda_kernels::NormGate::sigmoid
+                             : c.gate == silu  ? ops::cuda_kernels::NormGate::silu
+                                               : ops::cuda_kernels::NormGate::none;
+    auto direct = ops::cuda_kernels::row_norm_forward(
+        x.to(dev).view({-1, c.D}), c.rms ? w.to(dev) : torch::Tensor(), c.rms ? 1.0 / static_cast<double>(c.D) : 1.0,
+        eps, gated ? gate.to(dev).view({-1, c.D}) : torch::Tensor(), kernel_gate);
     EXPECT_TRUE(torch::equal(y.view({-1, c.D}), direct.y)) << "ops did not run the kernel";
 
     // Bounds by the least precise dtype taking part: y and dw carry the rounding of n to x's dtype.
@@ -722,8 +739,9 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
     std::vector<std::tuple<std::string, torch::Tensor, torch::Tensor, double>> checks = {
         {"y", y, y64.detach(), bound}, {"dx", dx, x64.grad(), bound}};
     if (c.rms) checks.emplace_back("dw", dw, w64.grad(), bound);
+    if (gated) checks.emplace_back("dgate", dgate, gate64.grad(), bound);
     const bool plain = has_plain_form(kernels, c.x) && has_plain_form(kernels, c.w);
-    std::optional<std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>> formula;
+    std::optional<std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>> formula;
     if (plain) formula = run(false);
     std::string line;
     for (size_t i = 0; i < checks.size(); ++i) {
@@ -734,13 +752,15 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
       std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
       line += buf;
       if (formula) {
-        const auto& f = i == 0 ? std::get<0>(*formula) : i == 1 ? std::get<1>(*formula) : std::get<2>(*formula);
+        const auto& [fy, fdx, fdw, fdgate] = *formula;
+        const torch::Tensor& f = name == "y" ? fy : name == "dx" ? fdx : name == "dw" ? fdw : fdgate;
         std::snprintf(buf, sizeof buf, " (%.1e)", rel_err(f, want));
         line += buf;
       }
     }
-    std::printf("[cuda-row-norm] %s rows=%ld D=%ld x=%s w=%s:%s\n", c.rms ? "rms" : "l2", static_cast<long>(2 * c.rows),
-                static_cast<long>(c.D), c10::toString(c.x), c10::toString(c.w), line.c_str());
+    std::printf("[cuda-row-norm] %s%s rows=%ld D=%ld x=%s w=%s:%s\n", c.rms ? "rms" : "l2", gate_name,
+                static_cast<long>(2 * c.rows), static_cast<long>(c.D), c10::toString(c.x), c10::toString(c.w),
+                line.c_str());
   }
 #endif
 }

@@ -76,6 +76,10 @@ bool on_kernel_device(const torch::Tensor& t);
 // L2 normalisation: x / sqrt(sum x^2 + eps), returned in x's dtype.
 torch::Tensor l2_norm(const torch::Tensor& x, double eps = 1e-6);
 // RMS norm as Hugging Face's LlamaRMSNorm: weight * (x / sqrt(mean x^2 + eps)).to(x's dtype); weight [D].
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+// With a gate (x's shape) and act sigmoid or silu, times act(gate): the mixers' gated output norms
+// (fla's FusedRMSNormGated), one kernel each way on a kernel device where the gate has x's dtype.
+enum class Gate { none, sigmoid, silu };
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
+                       const torch::Tensor& gate = {}, Gate act = Gate::none);
 
 }  // namespace linearize::ops

@@ -22,32 +22,38 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// x [rows, D] contiguous, weight [D] or an empty placeholder (none) -> y [rows, D].
+// x [rows, D] contiguous, weight [D] or an empty placeholder (none), gate [rows, D] or a placeholder (none,
+// then act is NormGate::none) -> y [rows, D].
 struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               double mean_scale, double eps) {
-    auto r = cuda_kernels::row_norm_forward(x, cuda_kernels::present(weight), mean_scale, eps);
-    ctx->save_for_backward({x, weight, r.rstd});
+                               const torch::Tensor& gate, double mean_scale, double eps, int64_t act) {
+    const auto gate_act = static_cast<cuda_kernels::NormGate>(act);
+    auto r = cuda_kernels::row_norm_forward(x, cuda_kernels::present(weight), mean_scale, eps,
+                                            cuda_kernels::present(gate), gate_act);
+    ctx->save_for_backward({x, weight, gate, r.rstd});
     ctx->saved_data["mean_scale"] = mean_scale;
+    ctx->saved_data["act"] = act;
     return {r.y};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &rstd = saved[2];
-    const auto weight = cuda_kernels::present(saved[1]);
+    const auto &x = saved[0], &rstd = saved[3];
+    const auto weight = cuda_kernels::present(saved[1]), gate = cuda_kernels::present(saved[2]);
     const auto y_dtype = weight.defined() ? at::promote_types(x.scalar_type(), weight.scalar_type()) : x.scalar_type();
     const auto dy = grads[0].to(y_dtype).contiguous();
     auto r = cuda_kernels::row_norm_backward(x, weight, rstd, dy, ctx->saved_data["mean_scale"].toDouble(),
-                                             weight.defined() && ctx->needs_input_grad(1));
-    return {r.dx, r.dw, torch::Tensor(), torch::Tensor()};
+                                             weight.defined() && ctx->needs_input_grad(1), gate,
+                                             static_cast<cuda_kernels::NormGate>(ctx->saved_data["act"].toInt()));
+    return {r.dx, r.dw, r.dgate, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 #endif
 
-// The kernels' form of a norm of x over its last dim with weight (or none), or nothing where they do not apply.
+// The kernels' form of a norm of x over its last dim with weight (or none), times act(gate) where act is
+// not none, or nothing where they do not apply.
 std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch::Tensor& weight, double mean_scale,
-                                            double eps) {
+                                            double eps, const torch::Tensor& gate = {}, Gate act = Gate::none) {
 #ifdef LINEARIZE_WITH_KERNELS
   if (!fused_kernels_enabled() || !on_kernel_device(x) || x.dim() < 1 || x.numel() == 0) return std::nullopt;
   const int64_t D = x.size(-1);
@@ -55,11 +61,20 @@ std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch:
     return std::nullopt;
   if (!cuda_kernels::row_norm_supported(x.scalar_type(), weight.defined() ? weight.scalar_type() : x.scalar_type(), D))
     return std::nullopt;
-  auto w = weight.defined() ? weight.contiguous() : torch::empty({0}, x.options());
-  auto y = RowNormFunction::apply(x.contiguous().view({-1, D}), w, mean_scale, eps)[0];
+  if (act != Gate::none &&
+      (gate.sizes() != x.sizes() || gate.scalar_type() != x.scalar_type() || gate.device() != x.device()))
+    return std::nullopt;
+  auto placeholder = torch::empty({0}, x.options());
+  auto w = weight.defined() ? weight.contiguous() : placeholder;
+  auto g = act != Gate::none ? gate.contiguous().view({-1, D}) : placeholder;
+  const auto kernel_act = act == Gate::sigmoid ? cuda_kernels::NormGate::sigmoid
+                          : act == Gate::silu  ? cuda_kernels::NormGate::silu
+                                               : cuda_kernels::NormGate::none;
+  auto y = RowNormFunction::apply(x.contiguous().view({-1, D}), w, g, mean_scale, eps,
+                                  static_cast<int64_t>(kernel_act))[0];
   return y.view(x.sizes());
 #else
-  (void)x, (void)weight, (void)mean_scale, (void)eps;
+  (void)x, (void)weight, (void)mean_scale, (void)eps, (void)gate, (void)act;
   return std::nullopt;
 #endif
 }
@@ -74,13 +89,19 @@ torch::Tensor l2_norm(const torch::Tensor& x, double eps) {
   return y.to(x.scalar_type());
 }
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, const torch::Tensor& gate,
+                       Gate act) {
   if (x.dim() >= 1) {
-    if (auto y = fused_row_norm(x, weight, 1.0 / static_cast<double>(x.size(-1)), eps)) return *y;
+    if (auto y = fused_row_norm(x, weight, 1.0 / static_cast<double>(x.size(-1)), eps, gate, act)) return *y;
   }
   auto xf = x.to(torch::kFloat);  // fp32 as Hugging Face's, fp64 inputs included
-  auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * y.to(x.scalar_type());
+  auto y = weight * (xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());
+  switch (act) {
+    case Gate::none: return y;
+    case Gate::sigmoid: return y * torch::sigmoid(gate);
+    case Gate::silu: return y * torch::silu(gate);
+  }
+  return y;
 }
 
 }  // namespace linearize::ops

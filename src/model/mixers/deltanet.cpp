@@ -46,8 +46,9 @@ torch::Tensor DeltaNet::forward(const torch::Tensor& x, LayerState* state) {
   step.put("S", r.state);
   step.advance(T);
 
-  auto o = o_norm(r.o);  // [B,T,H,Dv]
-  if (g_proj) o = o * torch::silu(mixers::split_heads(g_proj(x), H));
+  // [B,T,H,Dv]: the norm and the output gate in one kernel each way (ops::rms_norm)
+  auto o = g_proj ? ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(g_proj(x), H), ops::Gate::silu)
+                  : o_norm(r.o);
   return o_proj(o.reshape({B, T, H * config.head_v_dim}));
 }
 

@@ -58,7 +58,8 @@ torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   } else if (config.kda_gate_mode == "add_in_norm") {
     o = o_norm(r.o + mixers::split_heads(g_proj->forward(x), H));
   } else {
-    o = o_norm(r.o) * torch::sigmoid(mixers::split_heads(g_proj->forward(x), H));
+    o = ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(g_proj->forward(x), H),
+                      ops::Gate::sigmoid);
   }
   return o_proj(o.reshape({B, T, H * config.head_v_dim}));
 }

@@ -56,8 +56,9 @@ torch::Tensor RetNet::forward(const torch::Tensor& x, LayerState* state) {
   step.put("S", r.state);
   step.advance(T);
 
-  auto o = g_norm(r.o);  // [B,T,H,Dv]
-  if (g_proj) o = o * torch::silu(mixers::split_heads(g_proj(x), H));
+  // [B,T,H,Dv]: the norm and the output gate in one kernel each way (ops::rms_norm)
+  auto o = g_proj ? ops::rms_norm(r.o, g_norm->weight, g_norm->eps, mixers::split_heads(g_proj(x), H), ops::Gate::silu)
+                  : g_norm(r.o);
   return o_proj(o.reshape({B, T, H * config.head_v_dim}));
 }
 

@@ -9,6 +9,9 @@
 // dw: each warp adds its rows' terms into its own row of shared memory (lane l owns columns l, l + 32, ...,
 // so no two threads touch a word), then a block sums its warps into partials [blocks, D] fp32, and the host
 // adds those up. Block counts depend on the shape only, so dw is the same from run to run.
+// With a gate (the mixers' gated output norms), z = round(y ⊙ a), a = round(act(gate)) in x's dtype, as
+// `norm(o) * sigmoid(g)` or `* silu(g)` gives it; backward dy = round(dz ⊙ a), da = round(dz ⊙ y) and
+// dgate = round(da act'(gate)), y recomputed from x and r.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/BFloat16.h>
@@ -29,6 +32,18 @@ constexpr int kWarps = 4;  // rows a block walks at once
 constexpr int kThreads = kWarps * 32;
 constexpr int64_t kPartialFloats = int64_t{1} << 20;  // dw's partials [blocks, D] take at most 4 MiB
 
+// The gate's activation (kernels.h NormGate) at v, rounded to the gate's dtype E, and its slope there (from
+// the unrounded sigmoid: libtorch's sigmoid backward takes the rounded output, which near 1 loses 1 - s).
+template <typename E>
+__device__ __forceinline__ float gate_value(float v, NormGate act) {
+  const float s = 1.f / (1.f + expf(-v));
+  return static_cast<float>(static_cast<E>(act == NormGate::silu ? v * s : s));
+}
+__device__ __forceinline__ float gate_slope(float v, NormGate act) {
+  const float s = 1.f / (1.f + expf(-v));
+  return act == NormGate::silu ? s * (1.f + v * (1.f - s)) : s * (1.f - s);
+}
+
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
@@ -39,11 +54,13 @@ __device__ __forceinline__ float warp_sum(float x) {
 template <typename E, typename W>
 using OutOf = std::conditional_t<std::is_same_v<E, float> || std::is_same_v<W, float>, float, E>;
 
-// x [rows, D] (E), w [D] (W) or null -> y [rows, D], r [rows] fp32.
+// x [rows, D] (E), w [D] (W) or null, gate [rows, D] (E) or null -> y [rows, D] (z with a gate), r [rows] fp32.
 template <typename E, typename W>
 __global__ void __launch_bounds__(kThreads)
-    row_norm_forward_kernel(const E* __restrict__ x, const W* __restrict__ w, OutOf<E, W>* __restrict__ y,
-                            float* __restrict__ r, int64_t rows, int D, float mean_scale, float eps) {
+    row_norm_forward_kernel(const E* __restrict__ x, const W* __restrict__ w, const E* __restrict__ gate,
+                            NormGate act, OutOf<E, W>* __restrict__ y, float* __restrict__ r, int64_t rows, int D,
+                            float mean_scale, float eps) {
+  using Out = OutOf<E, W>;
   const int lane = threadIdx.x % 32;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
@@ -55,22 +72,27 @@ __global__ void __launch_bounds__(kThreads)
     }
     const float s = rsqrtf(warp_sum(ss) * mean_scale + eps);
     if (lane == 0) r[row] = s;
-    auto* yr = y + row * D;
+    Out* yr = y + row * D;
+    const E* gr = gate == nullptr ? nullptr : gate + row * D;
     for (int c = lane; c < D; c += 32) {
-      const E n = static_cast<E>(static_cast<float>(xr[c]) * s);
-      if (w == nullptr) yr[c] = static_cast<OutOf<E, W>>(n);
-      else yr[c] = static_cast<OutOf<E, W>>(static_cast<float>(w[c]) * static_cast<float>(n));
+      const float n = static_cast<float>(static_cast<E>(static_cast<float>(xr[c]) * s));
+      const Out yc = static_cast<Out>(w == nullptr ? n : static_cast<float>(w[c]) * n);
+      if (gr == nullptr) yr[c] = yc;
+      else yr[c] = static_cast<Out>(static_cast<float>(yc) * gate_value<E>(static_cast<float>(gr[c]), act));
     }
   }
 }
 
-// Given x, w (or null), r and dy (y's dtype): dx [rows, D] (E) and, with partials, dw's partial sums
-// [gridDim.x, D] fp32. Shared memory: [kWarps, D] fp32 with partials, else none.
+// Given x, w (or null), gate (or null), r and dy (dz with a gate; y's dtype): dx [rows, D] (E), with a gate
+// dgate [rows, D] (E), and with partials dw's partial sums [gridDim.x, D] fp32. Shared memory: [kWarps, D]
+// fp32 with partials, else none.
 template <typename E, typename W>
 __global__ void __launch_bounds__(kThreads)
-    row_norm_backward_kernel(const E* __restrict__ x, const W* __restrict__ w, const float* __restrict__ r,
-                             const OutOf<E, W>* __restrict__ dy, E* __restrict__ dx, float* __restrict__ partials,
-                             int64_t rows, int D, float mean_scale) {
+    row_norm_backward_kernel(const E* __restrict__ x, const W* __restrict__ w, const E* __restrict__ gate,
+                             NormGate act, const float* __restrict__ r, const OutOf<E, W>* __restrict__ dy,
+                             E* __restrict__ dx, E* __restrict__ dgate, float* __restrict__ partials, int64_t rows,
+                             int D, float mean_scale) {
+  using Out = OutOf<E, W>;
   LINEARIZE_DYNAMIC_SHARED(float, sdw);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   float* own = sdw + warp * D;  // this warp's terms of dw
@@ -79,20 +101,33 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     const E* xr = x + row * D;
-    const auto* dyr = dy + row * D;
+    const Out* dyr = dy + row * D;
+    const E* gr = gate == nullptr ? nullptr : gate + row * D;
+    // The norm's output gradient at column c: dy, or through the gate round(dz a).
+    auto dy_at = [&](int c) {
+      if (gr == nullptr) return static_cast<float>(dyr[c]);
+      const float a = gate_value<E>(static_cast<float>(gr[c]), act);
+      return static_cast<float>(static_cast<Out>(static_cast<float>(dyr[c]) * a));
+    };
     const float s = r[row];
     float dot = 0.f;  // Σ dn ⊙ x, times s below: Σ dn ⊙ n
     for (int c = lane; c < D; c += 32) {
       const float wc = w == nullptr ? 1.f : static_cast<float>(w[c]);
-      dot += static_cast<float>(dyr[c]) * wc * static_cast<float>(xr[c]);
+      dot += dy_at(c) * wc * static_cast<float>(xr[c]);
     }
     const float k = warp_sum(dot) * s * mean_scale;
     E* dxr = dx + row * D;
     for (int c = lane; c < D; c += 32) {
-      const float g = static_cast<float>(dyr[c]), n = static_cast<float>(xr[c]) * s;
+      const float g = dy_at(c), n = static_cast<float>(xr[c]) * s, nr = static_cast<float>(static_cast<E>(n));
       const float wc = w == nullptr ? 1.f : static_cast<float>(w[c]);
       dxr[c] = static_cast<E>(s * (g * wc - n * k));
-      if (partials != nullptr) own[c] += g * static_cast<float>(static_cast<E>(n));
+      if (partials != nullptr) own[c] += g * nr;
+      if (gr != nullptr) {
+        const float yc = static_cast<float>(static_cast<Out>(w == nullptr ? nr : wc * nr));
+        const float da = static_cast<float>(static_cast<E>(static_cast<float>(dyr[c]) * yc));
+        const float v = static_cast<float>(gr[c]);
+        dgate[row * D + c] = static_cast<E>(da * gate_slope(v, act));
+      }
     }
   }
   if (partials == nullptr) return;
@@ -136,7 +171,7 @@ unsigned blocks_for(int64_t rows, int64_t cap) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + kWarps - 1) / kWarps, cap)));
 }
 
-void check_input(const torch::Tensor& x, const torch::Tensor& w) {
+void check_input(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && norm_dtype(x.scalar_type()),
               "row norm: expects x [rows, D] fp32, bf16 or fp16, contiguous; got ", x.sizes(), " ", x.scalar_type());
   TORCH_CHECK(row_norm_supported(x.scalar_type(), w.defined() ? w.scalar_type() : x.scalar_type(), x.size(1)),
@@ -146,6 +181,11 @@ void check_input(const torch::Tensor& x, const torch::Tensor& w) {
     TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(1) && w.is_contiguous() && w.device() == x.device(),
                 "row norm: expects weight [", x.size(1), "] contiguous on ", x.device(), "; got ", w.sizes(), " on ",
                 w.device());
+  if (gate.defined())
+    TORCH_CHECK(gate.sizes() == x.sizes() && gate.scalar_type() == x.scalar_type() && gate.is_contiguous() &&
+                    gate.device() == x.device(),
+                "row norm: expects the gate ", x.sizes(), " ", x.scalar_type(), " contiguous on ", x.device(), "; got ",
+                gate.sizes(), " ", gate.scalar_type(), " on ", gate.device());
 }
 
 }  // namespace
@@ -155,8 +195,9 @@ bool row_norm_supported(torch::ScalarType x_dtype, torch::ScalarType w_dtype, in
   return norm_dtype(x_dtype) && norm_dtype(w_dtype) && pair && D >= 1 && D <= kMaxRowNormSize;
 }
 
-RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, double mean_scale, double eps) {
-  check_input(x, w);
+RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, double mean_scale, double eps,
+                                const torch::Tensor& gate, NormGate act) {
+  check_input(x, w, gate);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), D = x.size(1);
   const auto y_dtype = w.defined() ? at::promote_types(x.scalar_type(), w.scalar_type()) : x.scalar_type();
@@ -167,15 +208,16 @@ RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, 
     using E = decltype(e);
     using W = decltype(wt);
     launch(row_norm_forward_kernel<E, W>, blocks_for(rows, int64_t{1} << 20), kThreads, 0, data_as<E>(x),
-           data_or_null<W>(w), data_as<OutOf<E, W>>(out.y), out.rstd.data_ptr<float>(), rows, static_cast<int>(D),
-           static_cast<float>(mean_scale), static_cast<float>(eps));
+           data_or_null<W>(w), data_or_null<E>(gate), act, data_as<OutOf<E, W>>(out.y), out.rstd.data_ptr<float>(),
+           rows, static_cast<int>(D), static_cast<float>(mean_scale), static_cast<float>(eps));
   });
   return out;
 }
 
 RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& rstd,
-                               const torch::Tensor& dy, double mean_scale, bool want_dw) {
-  check_input(x, w);
+                               const torch::Tensor& dy, double mean_scale, bool want_dw, const torch::Tensor& gate,
+                               NormGate act) {
+  check_input(x, w, gate);
   const int64_t rows = x.size(0), D = x.size(1);
   TORCH_CHECK(rstd.sizes() == torch::IntArrayRef{rows} && rstd.scalar_type() == torch::kFloat && rstd.is_contiguous(),
               "row norm backward: expects rstd [", rows, "] fp32 contiguous; got ", rstd.sizes(), " ",
@@ -188,6 +230,7 @@ RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, c
   const c10::cuda::CUDAGuard guard(x.device());
   RowNormGrads out;
   out.dx = torch::empty_like(x);
+  if (gate.defined()) out.dgate = torch::empty_like(gate);
   const unsigned blocks = blocks_for(rows, std::max<int64_t>(1, kPartialFloats / D));
   torch::Tensor partials;
   if (want_dw) partials = torch::empty({static_cast<int64_t>(blocks), D}, x.options().dtype(torch::kFloat));
@@ -196,7 +239,8 @@ RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, c
       using E = decltype(e);
       using W = decltype(wt);
       launch(row_norm_backward_kernel<E, W>, blocks, kThreads, want_dw ? kWarps * D * sizeof(float) : 0,
-             data_as<E>(x), data_or_null<W>(w), rstd.data_ptr<float>(), data_as<OutOf<E, W>>(dy), data_as<E>(out.dx),
+             data_as<E>(x), data_or_null<W>(w), data_or_null<E>(gate), act, rstd.data_ptr<float>(),
+             data_as<OutOf<E, W>>(dy), data_as<E>(out.dx), gate.defined() ? data_as<E>(out.dgate) : nullptr,
              want_dw ? partials.data_ptr<float>() : nullptr, rows, static_cast<int>(D), static_cast<float>(mean_scale));
     });
   }
