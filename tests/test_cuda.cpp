@@ -765,6 +765,74 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
 #endif
 }
 
+// The SwiGLU kernels (ops/cuda/swiglu.cu) through ops::swiglu: value and gradients against the formula in
+// fp64 (beside the libtorch formula's errors in the same dtype, where it runs), and the value bit for bit what
+// the kernel gives when called directly. Shapes: whole 16-byte words (SmolLM2-135M's intermediate size), a
+// size that is not (one element at a time), and inputs that start one element past a 16-byte boundary.
+TEST(CudaOps, SwigluKernelMatchesFp64) {
+  REQUIRE_KERNELS();
+#ifdef LINEARIZE_WITH_KERNELS
+  struct Case {
+    std::vector<int64_t> shape;
+    torch::ScalarType dtype;
+    bool offset;  // the inputs start one element into their storage
+  };
+  for (const Case c : {Case{{3, 37, 64}, torch::kFloat, false}, Case{{2, 5, 1536}, torch::kBFloat16, false},
+                       Case{{4, 100}, torch::kHalf, false}, Case{{3, 7, 13}, torch::kBFloat16, false},
+                       Case{{6, 64}, torch::kBFloat16, true}, Case{{5, 48}, torch::kFloat, true}}) {
+    SCOPED_TRACE(std::string(c10::toString(c.dtype)) + (c.offset ? " offset" : ""));
+    torch::manual_seed(80 + c.shape.back());
+    const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+    auto make = [&](double scale) {
+      const int64_t n = c10::multiply_integers(c.shape);
+      auto t = (torch::randn({n + 1}, f64) * scale).to(c.dtype).to(dev);
+      return (c.offset ? t.narrow(0, 1, n) : t.narrow(0, 0, n)).view(c.shape);
+    };
+    auto gate = make(3), up = make(1), dz = make(1);
+    ASSERT_TRUE(gate.is_contiguous());
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(gate.data_ptr()) % 16 != 0, c.offset);
+
+    auto g64 = gate.cpu().to(torch::kDouble).requires_grad_(true);
+    auto u64 = up.cpu().to(torch::kDouble).requires_grad_(true);
+    (torch::silu(g64) * u64).backward(dz.cpu().to(torch::kDouble));
+
+    auto run = [&](bool fused) {
+      ops::set_fused_kernels(fused);
+      auto gv = gate.detach().requires_grad_(true), uv = up.detach().requires_grad_(true);  // at their offset
+      auto z = ops::swiglu(gv, uv);
+      z.backward(dz);
+      ops::set_fused_kernels(true);
+      return std::make_tuple(z.detach(), gv.grad(), uv.grad());
+    };
+    const auto [z, dg, du] = run(true);
+    EXPECT_EQ(z.scalar_type(), c.dtype);
+    EXPECT_TRUE(torch::equal(z, ops::cuda_kernels::swiglu_forward(gate, up))) << "ops did not run the kernel";
+    const double bound = c.dtype == torch::kFloat ? 1e-5 : c.dtype == torch::kHalf ? 2e-3 : 1e-2;
+    const bool plain = has_plain_form(kernels, c.dtype);
+    std::optional<std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>> formula;
+    if (plain) formula = run(false);
+    const std::vector<std::tuple<std::string, torch::Tensor, torch::Tensor>> checks = {
+        {"z", z, (torch::silu(g64) * u64).detach()}, {"dgate", dg, g64.grad()}, {"dup", du, u64.grad()}};
+    std::string line;
+    for (size_t i = 0; i < checks.size(); ++i) {
+      const auto& [name, got, want] = checks[i];
+      const double err = rel_err(got.cpu(), want);
+      EXPECT_LE(err, bound) << name;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
+      line += buf;
+      if (formula) {
+        const auto& [fz, fdg, fdu] = *formula;
+        std::snprintf(buf, sizeof buf, " (%.1e)", rel_err((i == 0 ? fz : i == 1 ? fdg : fdu).cpu(), want));
+        line += buf;
+      }
+    }
+    std::printf("[cuda-swiglu] %s n=%ld%s:%s\n", c10::toString(c.dtype), static_cast<long>(gate.numel()),
+                c.offset ? " offset" : "", line.c_str());
+  }
+#endif
+}
+
 // ---- (b) the fused decode step ---------------------------------------------------------------------
 
 // One recurrent step (T = 1) with fused kernels on or off.

@@ -153,7 +153,7 @@ LlamaMLPImpl::LlamaMLPImpl(int64_t hidden, int64_t intermediate, bool bias) {
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  return down_proj(ops::swiglu(gate_proj(x), up_proj(x)));
 }
 
 }  // namespace linearize

@@ -82,4 +82,9 @@ enum class Gate { none, sigmoid, silu };
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                        const torch::Tensor& gate = {}, Gate act = Gate::none);
 
+// ---- The Llama MLP's SwiGLU product (ops/swiglu.cpp) ------------------------------------------------
+// silu(gate) * up, as libtorch rounds it; on a kernel device one kernel each way (ops/cuda/swiglu.cu)
+// where gate and up share shape and dtype, elsewhere the formula.
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
+
 }  // namespace linearize::ops

@@ -296,4 +296,14 @@ RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, c
                                const torch::Tensor& dy, double mean_scale, bool want_dw, const torch::Tensor& gate = {},
                                NormGate act = NormGate::none);
 
+// The SwiGLU product z = silu(gate) ⊙ up element by element (ops/cuda/swiglu.cu), fp32 inside, rounded as
+// `torch::silu(gate) * up`: gate and up of one shape and dtype (fp32, bf16 or fp16), contiguous.
+bool swiglu_supported(torch::ScalarType dtype);
+torch::Tensor swiglu_forward(const torch::Tensor& gate, const torch::Tensor& up);
+// Its backward given dz (gate's shape and dtype, contiguous).
+struct SwigluGrads {
+  torch::Tensor dgate, dup;
+};
+SwigluGrads swiglu_backward(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& dz);
+
 }  // namespace linearize::ops::cuda_kernels

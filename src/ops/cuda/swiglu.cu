@@ -1,0 +1,164 @@
+// The SwiGLU product of the Llama MLP, z = silu(gate) ⊙ up, element by element in one kernel each way (see
+// kernels.h for the contract), rounded as the libtorch formula `torch::silu(gate) * up` rounds it:
+//   a = round(silu(gate)),   z = round(a up)
+// and backward, given dz:
+//   du = round(dz a),   dgate = round(round(dz up) silu'(gate)),   silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
+// with round() to the tensors' dtype and fp32 inside. The formula takes two launches forward (silu, the
+// product) and three backward (the product's two gradients, silu's backward), each a pass over the
+// [rows, intermediate] tensors, and keeps silu(gate) for the backward besides gate and up; this keeps
+// gate and up only. Threads take 16 bytes of each tensor at a time where every pointer allows it.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 8192;  // then each thread walks several words
+
+// V elements of E that load and store as one 16-byte word (V = 1: one element).
+template <typename E, int V>
+struct alignas(V == 1 ? alignof(E) : 16) Word {
+  E x[V];
+};
+
+template <typename E, int V>
+__device__ __forceinline__ Word<E, V> load_word(const E* p, int64_t i) {
+  return reinterpret_cast<const Word<E, V>*>(p)[i];
+}
+
+__device__ __forceinline__ float sigmoid_of(float v) { return 1.f / (1.f + expf(-v)); }
+
+// gate, up [n] (E) -> z [n] (E), V elements a thread at a time.
+template <typename E, int V>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_forward_kernel(const E* __restrict__ gate, const E* __restrict__ up, E* __restrict__ z, int64_t words) {
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < words;
+       w += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const Word<E, V> g = load_word<E, V>(gate, w), u = load_word<E, V>(up, w);
+    Word<E, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float v = static_cast<float>(g.x[j]);
+      const float a = static_cast<float>(static_cast<E>(v * sigmoid_of(v)));
+      out.x[j] = static_cast<E>(a * static_cast<float>(u.x[j]));
+    }
+    reinterpret_cast<Word<E, V>*>(z)[w] = out;
+  }
+}
+
+// gate, up, dz [n] (E) -> dgate, dup [n] (E).
+template <typename E, int V>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_kernel(const E* __restrict__ gate, const E* __restrict__ up, const E* __restrict__ dz,
+                           E* __restrict__ dgate, E* __restrict__ dup, int64_t words) {
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < words;
+       w += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const Word<E, V> g = load_word<E, V>(gate, w), u = load_word<E, V>(up, w), d = load_word<E, V>(dz, w);
+    Word<E, V> dg, du;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float v = static_cast<float>(g.x[j]), s = sigmoid_of(v), dzj = static_cast<float>(d.x[j]);
+      const float a = static_cast<float>(static_cast<E>(v * s));
+      du.x[j] = static_cast<E>(dzj * a);
+      const float da = static_cast<float>(static_cast<E>(dzj * static_cast<float>(u.x[j])));
+      dg.x[j] = static_cast<E>(da * s * (1.f + v * (1.f - s)));
+    }
+    reinterpret_cast<Word<E, V>*>(dgate)[w] = dg;
+    reinterpret_cast<Word<E, V>*>(dup)[w] = du;
+  }
+}
+
+bool swiglu_dtype(torch::ScalarType t) {
+  return t == torch::kFloat || t == torch::kBFloat16 || t == torch::kHalf;
+}
+
+// Calls fn(E{}, std::integral_constant<int, V>{}) for dt, with V the elements of a 16-byte word when
+// `wide` (every pointer 16-byte aligned and n a whole number of words), else 1.
+template <typename Fn>
+void dispatch(torch::ScalarType dt, bool wide, Fn fn) {
+  auto with = [&](auto e) {
+    using E = decltype(e);
+    constexpr int kWide = 16 / static_cast<int>(sizeof(E));
+    if (wide) fn(e, std::integral_constant<int, kWide>{});
+    else fn(e, std::integral_constant<int, 1>{});
+  };
+  if (dt == torch::kFloat) with(float{});
+  else if (dt == torch::kBFloat16) with(c10::BFloat16{});
+  else with(c10::Half{});
+}
+
+// Whether n elements of dt at these pointers go 16 bytes at a time.
+bool wide_words(int64_t n, torch::ScalarType dt, std::initializer_list<const torch::Tensor*> ts) {
+  const int64_t per_word = 16 / static_cast<int64_t>(c10::elementSize(dt));
+  if (n % per_word != 0) return false;
+  return std::all_of(ts.begin(), ts.end(),
+                     [](const torch::Tensor* t) { return reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0; });
+}
+
+unsigned blocks_for(int64_t words) {
+  return static_cast<unsigned>(std::clamp<int64_t>((words + kThreads - 1) / kThreads, 1, kMaxBlocks));
+}
+
+void check_same(const torch::Tensor& ref, const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.sizes() == ref.sizes() && t.scalar_type() == ref.scalar_type() && t.is_contiguous() &&
+                  t.device() == ref.device(),
+              "swiglu: expects ", name, " ", ref.sizes(), " ", ref.scalar_type(), " contiguous on ", ref.device(),
+              "; got ", t.sizes(), " ", t.scalar_type(), " on ", t.device());
+}
+
+void check_gate(const torch::Tensor& gate) {
+  TORCH_CHECK(gate.is_contiguous() && swiglu_supported(gate.scalar_type()),
+              "swiglu: expects the gate contiguous, fp32, bf16 or fp16; got ", gate.sizes(), " ", gate.scalar_type());
+}
+
+}  // namespace
+
+bool swiglu_supported(torch::ScalarType dtype) { return swiglu_dtype(dtype); }
+
+torch::Tensor swiglu_forward(const torch::Tensor& gate, const torch::Tensor& up) {
+  check_gate(gate);
+  check_same(gate, up, "up");
+  const c10::cuda::CUDAGuard guard(gate.device());
+  auto z = torch::empty_like(gate);
+  const int64_t n = gate.numel();
+  if (n == 0) return z;
+  dispatch(gate.scalar_type(), wide_words(n, gate.scalar_type(), {&gate, &up, &z}), [&](auto e, auto v) {
+    using E = decltype(e);
+    constexpr int V = decltype(v)::value;
+    launch(swiglu_forward_kernel<E, V>, blocks_for(n / V), kThreads, 0, data_as<E>(gate), data_as<E>(up),
+           data_as<E>(z), n / V);
+  });
+  return z;
+}
+
+SwigluGrads swiglu_backward(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& dz) {
+  check_gate(gate);
+  check_same(gate, up, "up");
+  check_same(gate, dz, "dz");
+  const c10::cuda::CUDAGuard guard(gate.device());
+  SwigluGrads out{torch::empty_like(gate), torch::empty_like(up)};
+  const int64_t n = gate.numel();
+  if (n == 0) return out;
+  const bool wide = wide_words(n, gate.scalar_type(), {&gate, &up, &dz, &out.dgate, &out.dup});
+  dispatch(gate.scalar_type(), wide, [&](auto e, auto v) {
+    using E = decltype(e);
+    constexpr int V = decltype(v)::value;
+    launch(swiglu_backward_kernel<E, V>, blocks_for(n / V), kThreads, 0, data_as<E>(gate), data_as<E>(up),
+           data_as<E>(dz), data_as<E>(out.dgate), data_as<E>(out.dup), n / V);
+  });
+  return out;
+}
+
+}  // namespace linearize::ops::cuda_kernels
