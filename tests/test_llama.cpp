@@ -94,6 +94,28 @@ TEST(CudaLlamaGolden, MatchesTransformers) {
 
 // KV-cache decoding one token at a time equals the full causal forward, for a GQA model with
 // scaled RoPE; and a state snapshot taken mid-way resumes to the same logits.
+// Rotary::apply keeps the last tables it made for every Rotary on the thread (the layers of a model share
+// them): rotaries of other frequencies, positions, lengths and dtypes taking turns must each still rotate
+// by their own angles, as apply_at (which makes its angles afresh every call) does.
+TEST(Llama, RotaryTablesSharedBetweenLayersStayTheirOwn) {
+  torch::manual_seed(3);
+  const Rotary a(64, 10000.0), b(64, 500000.0), a_too(64, 10000.0);
+  auto x = torch::randn({1, 2, 5, 64});
+  auto positions = [](int64_t start, int64_t T) { return torch::arange(start, start + T).unsqueeze(0); };
+  const auto want_a = a.apply_at(x, positions(3, 5)), want_b = b.apply_at(x, positions(3, 5));
+  ASSERT_GT(test::rel_err(want_a, want_b), 1e-2) << "the two frequencies should rotate differently";
+  for (int round = 0; round < 2; ++round) {
+    EXPECT_LT(test::rel_err(a.apply(x, 3), want_a), 1e-6);
+    EXPECT_LT(test::rel_err(b.apply(x, 3), want_b), 1e-6);
+    EXPECT_LT(test::rel_err(a_too.apply(x, 3), want_a), 1e-6);
+    EXPECT_LT(test::rel_err(a.apply(x, 4), a.apply_at(x, positions(4, 5))), 1e-6);
+    EXPECT_LT(test::rel_err(a.apply(x.narrow(2, 0, 1), 3), want_a.narrow(2, 0, 1)), 1e-6);
+    auto x16 = x.to(torch::kBFloat16);
+    EXPECT_EQ(a.apply(x16, 3).scalar_type(), torch::kBFloat16);
+    EXPECT_LT(test::rel_err(a.apply(x16, 3), a.apply_at(x16, positions(3, 5))), 1e-6);
+  }
+}
+
 TEST(Llama, DecodeWithCacheEqualsFullForward) {
   torch::manual_seed(1);
   LlamaConfig c;

@@ -1,6 +1,7 @@
 #include "model/llama.h"
 
 #include <cmath>
+#include <vector>
 
 #include "compat/torch_compat.h"
 #include "ops/ops.h"
@@ -31,6 +32,8 @@ Rotary::Rotary(int64_t head_dim, double theta, const RopeScaling& scaling) {
     auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
     inv_freq_ = torch::where(medium, smoothed, scaled);
   }
+  inv_freq_ = inv_freq_.contiguous();
+  freqs_.assign(inv_freq_.data_ptr<float>(), inv_freq_.data_ptr<float>() + inv_freq_.numel());
 }
 
 const torch::Tensor& Rotary::signed_inv_freq_on(torch::Device device) const {
@@ -54,16 +57,33 @@ namespace {
 torch::Tensor rotate(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin_signed) {
   return torch::addcmul(x * cos, x.roll({x.size(-1) / 2}, {-1}), sin_signed);
 }
+
+// The last tables apply made on this thread, for whichever Rotary asked. Every layer of a model rotates q
+// and k by the same positions (a decode step by one position, a training step by 0 .. T-1), so the layers
+// share one pair instead of each making its own (arange, outer, cos, sin and two casts a layer and step),
+// and only one pair is held. Made once and never freed, so that no device tensor outlives its runtime at
+// exit.
+struct SharedTables {
+  std::vector<float> freqs;
+  int64_t start = -1, length = -1;
+  torch::Tensor cos, sin_signed;  // [T, D] in the dtype asked for; sin_signed: sin with its first half negated
+};
+SharedTables& shared_tables() {
+  thread_local auto* tables = new SharedTables;
+  return *tables;
+}
 }  // namespace
 
 torch::Tensor Rotary::apply(const torch::Tensor& x, int64_t start) const {
   const int64_t length = x.size(2);
-  if (last_.start != start || last_.length != length || !last_.cos.defined() || last_.cos.device() != x.device() ||
-      last_.cos.scalar_type() != x.scalar_type()) {
+  SharedTables& last = shared_tables();
+  if (last.start != start || last.length != length || !last.cos.defined() || last.cos.device() != x.device() ||
+      last.cos.scalar_type() != x.scalar_type() || last.freqs != freqs_) {
     auto [cos, sin_signed] = tables(start, length, x.device());
-    last_ = {start, length, cos.to(x.scalar_type()), sin_signed.to(x.scalar_type())};
+    auto cos_x = cos.to(x.scalar_type()), sin_x = sin_signed.to(x.scalar_type());
+    last = SharedTables{freqs_, start, length, cos_x, sin_x};
   }
-  return rotate(x, last_.cos, last_.sin_signed);
+  return rotate(x, last.cos, last.sin_signed);
 }
 
 torch::Tensor Rotary::apply_at(const torch::Tensor& x, const torch::Tensor& pos) const {

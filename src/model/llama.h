@@ -5,6 +5,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <vector>
+
 #include "io/hf_config.h"
 #include "model/token_mixer.h"
 
@@ -37,14 +39,8 @@ class Rotary {
  private:
   const torch::Tensor& signed_inv_freq_on(torch::Device device) const;
   torch::Tensor inv_freq_;                  // [D/2] fp32, CPU
+  std::vector<float> freqs_;                // the same values: what apply's shared tables are keyed by
   mutable torch::Tensor device_inv_freq_;  // [-inv_freq_, inv_freq_] on the device last asked for
-  // apply's last tables, in the dtype it asked for: a layer's q and k, and every training step of one
-  // length, rotate by the same ones (seven launches or more each time they are made).
-  struct Tables {
-    int64_t start = -1, length = -1;
-    torch::Tensor cos, sin_signed;  // [T, D]; sin_signed: sin with its first half negated
-  };
-  mutable Tables last_;
 };
 
 // Repeats each of the Hkv heads `groups` times, head-major: [B, Hkv, T, D] -> [B, Hkv*groups, T, D].
