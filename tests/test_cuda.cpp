@@ -777,7 +777,7 @@ TEST(CudaOps, SwigluKernelMatchesFp64) {
     torch::ScalarType dtype;
     bool offset;  // the inputs start one element into their storage
   };
-  for (const Case c : {Case{{3, 37, 64}, torch::kFloat, false}, Case{{2, 5, 1536}, torch::kBFloat16, false},
+  for (const Case& c : {Case{{3, 37, 64}, torch::kFloat, false}, Case{{2, 5, 1536}, torch::kBFloat16, false},
                        Case{{4, 100}, torch::kHalf, false}, Case{{3, 7, 13}, torch::kBFloat16, false},
                        Case{{6, 64}, torch::kBFloat16, true}, Case{{5, 48}, torch::kFloat, true}}) {
     SCOPED_TRACE(std::string(c10::toString(c.dtype)) + (c.offset ? " offset" : ""));
@@ -829,6 +829,92 @@ TEST(CudaOps, SwigluKernelMatchesFp64) {
     }
     std::printf("[cuda-swiglu] %s n=%ld%s:%s\n", c10::toString(c.dtype), static_cast<long>(gate.numel()),
                 c.offset ? " offset" : "", line.c_str());
+  }
+#endif
+}
+
+// The short-convolution kernels (ops/cuda/short_conv.cu) through ops::short_conv: y, the cache and the
+// gradients of x, the weight and the bias against the formula in fp64 (with the weight and bias rounded to
+// x's dtype, as the formula takes them), beside the libtorch formula's errors in the same dtypes where it
+// runs. Cases: a training sequence (several segments, channels past a whole block), a decode step and a
+// prefill shorter than the state, each width the kernels take, with and without bias, prefix and silu.
+TEST(CudaOps, ShortConvKernelsMatchFp64) {
+  REQUIRE_KERNELS();
+#ifdef LINEARIZE_WITH_KERNELS
+  struct Case {
+    int64_t B, T, C, W;
+    torch::ScalarType x, w;
+    bool bias, prefix, silu;
+  };
+  const auto f32 = torch::kFloat, bf16 = torch::kBFloat16, f16 = torch::kHalf;
+  for (const Case c :
+       {Case{2, 70, 200, 4, bf16, f32, false, false, true}, Case{3, 33, 64, 3, f32, f32, true, true, true},
+        Case{2, 1, 130, 4, bf16, bf16, false, true, true}, Case{2, 2, 96, 4, f16, f16, true, true, false},
+        Case{1, 65, 128, 2, f32, f32, false, true, false}, Case{4, 40, 64, 4, bf16, f32, true, false, true}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " C=" + std::to_string(c.C) + " W=" + std::to_string(c.W) + " x=" +
+                 c10::toString(c.x) + " w=" + c10::toString(c.w));
+    torch::manual_seed(90 + c.T);
+    const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+    auto x = torch::randn({c.B, c.T, c.C}, f64).to(c.x);
+    auto w = (torch::randn({c.C, 1, c.W}, f64) * 0.5).to(c.w);
+    auto bias = c.bias ? (torch::randn({c.C}, f64) * 0.1).to(c.w) : torch::Tensor();
+    auto prefix = c.prefix ? torch::randn({c.B, c.C, c.W - 1}, f64).to(c.x) : torch::Tensor();
+    auto dy = torch::randn({c.B, c.T, c.C}, f64).to(c.x);
+
+    // fp64 reference, the weight and bias in x's dtype as the formula casts them.
+    auto x64 = x.to(torch::kDouble).requires_grad_(true);
+    auto w64 = w.to(c.x).to(torch::kDouble).requires_grad_(true);
+    auto b64 = c.bias ? bias.to(c.x).to(torch::kDouble).requires_grad_(true) : torch::Tensor();
+    auto before = c.prefix ? prefix.to(torch::kDouble) : torch::zeros({c.B, c.C, c.W - 1}, f64);
+    auto full = torch::cat({before, x64.transpose(1, 2)}, 2);
+    const std::vector<int64_t> one{1}, zero{0};
+    auto y64 = torch::conv1d(full, w64, b64, one, zero, one, c.C).transpose(1, 2);
+    if (c.silu) y64 = torch::silu(y64);
+    y64.backward(dy.to(torch::kDouble));
+    const auto cache_want = full.narrow(2, c.T, c.W - 1).detach();
+
+    auto run = [&](bool fused) {
+      ops::set_fused_kernels(fused);
+      auto xd = x.to(dev).clone().requires_grad_(true), wd = w.to(dev).clone().requires_grad_(true);
+      auto bd = c.bias ? bias.to(dev).clone().requires_grad_(true) : torch::Tensor();
+      auto r = ops::short_conv(xd, wd, bd, c.prefix ? prefix.to(dev) : torch::Tensor(), c.silu, true);
+      r.y.backward(dy.to(dev));
+      ops::set_fused_kernels(true);
+      const auto db = c.bias ? bd.grad() : torch::Tensor();
+      return std::vector<torch::Tensor>{r.y.detach(), r.cache, xd.grad(), wd.grad(), db};
+    };
+    const auto got = run(true);
+    EXPECT_EQ(got[0].scalar_type(), c.x);
+    EXPECT_EQ(got[1].scalar_type(), c.x);
+    EXPECT_TRUE(torch::equal(got[1].cpu().to(torch::kDouble), cache_want)) << "the cache: x's last W-1 steps";
+    auto direct = ops::cuda_kernels::short_conv_forward(
+        x.to(dev), w.to(dev).view({c.C, c.W}), c.bias ? bias.to(dev) : torch::Tensor(),
+        c.prefix ? prefix.to(dev) : torch::Tensor(), c.silu, false);
+    EXPECT_TRUE(torch::equal(got[0], direct.y)) << "ops did not run the kernel";
+
+    auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };
+    const double bound = std::max(tol(c.x), tol(c.w));
+    std::vector<std::tuple<std::string, size_t, torch::Tensor>> checks = {
+        {"y", 0, y64.detach()}, {"dx", 2, x64.grad()}, {"dw", 3, w64.grad()}};
+    if (c.bias) checks.emplace_back("dbias", 4, b64.grad());
+    const bool plain = has_plain_form(kernels, c.x) && has_plain_form(kernels, c.w);
+    const auto formula = plain ? run(false) : std::vector<torch::Tensor>{};
+    std::string line;
+    for (const auto& [name, i, want] : checks) {
+      const double err = rel_err(got[i], want);
+      EXPECT_LE(err, bound) << name;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
+      line += buf;
+      if (plain) {
+        std::snprintf(buf, sizeof buf, " (%.1e)", rel_err(formula[i], want));
+        line += buf;
+      }
+    }
+    std::printf("[cuda-short-conv] B=%ld T=%ld C=%ld W=%ld x=%s w=%s%s%s%s:%s\n", static_cast<long>(c.B),
+                static_cast<long>(c.T), static_cast<long>(c.C), static_cast<long>(c.W), c10::toString(c.x),
+                c10::toString(c.w), c.bias ? " bias" : "", c.prefix ? " prefix" : "", c.silu ? " silu" : "",
+                line.c_str());
   }
 #endif
 }

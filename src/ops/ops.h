@@ -87,4 +87,16 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 // where gate and up share shape and dtype, elsewhere the formula.
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 
+// ---- The mixers' short convolutions (ops/short_conv.cpp) ---------------------------------------------
+// A causal depthwise convolution over time of x [B, T, C] with weight [C, 1, W] and bias [C] (or
+// undefined), from the W-1 inputs before x, prefix [B, C, W-1] (a decoding state; undefined: zeros), then
+// silu when asked: fla's ShortConvolution, with w and bias cast to x's dtype. Returns y [B, T, C] and, with
+// want_cache, the W-1 last inputs [B, C, W-1] (x's dtype) for the next call. On a kernel device one kernel
+// each way (ops/cuda/short_conv.cu); elsewhere cat, conv1d and silu.
+struct ShortConvResult {
+  torch::Tensor y, cache;
+};
+ShortConvResult short_conv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                           const torch::Tensor& prefix, bool silu, bool want_cache);
+
 }  // namespace linearize::ops

@@ -21,16 +21,9 @@ void ShortConvImpl::init_identity() {
 }
 
 torch::Tensor ShortConvImpl::forward(const torch::Tensor& x, const torch::Tensor& cache, torch::Tensor* new_cache) {
-  const int64_t B = x.size(0), C = x.size(2);
-  auto xt = x.transpose(1, 2);  // [B, C, T]
-  auto prefix = cache.defined() ? cache.to(x.scalar_type()) : torch::zeros({B, C, width - 1}, x.options());
-  auto xp = torch::cat({prefix, xt}, 2);  // [B, C, W-1+T]
-  if (new_cache) *new_cache = xp.narrow(2, xp.size(2) - (width - 1), width - 1);  // [B, C, W-1]
-  auto y = torch::conv1d(xp, weight.to(x.scalar_type()), bias.defined() ? bias.to(x.scalar_type()) : torch::Tensor(),
-                         /*stride=*/at::IntArrayRef{1}, /*padding=*/at::IntArrayRef{0},
-                         /*dilation=*/at::IntArrayRef{1}, /*groups=*/C);  // [B, C, T]
-  y = y.transpose(1, 2);  // [B, T, C]
-  return silu ? torch::silu(y) : y;
+  auto r = ops::short_conv(x, weight, bias, cache, silu, new_cache != nullptr);
+  if (new_cache) *new_cache = r.cache;
+  return r.y;
 }
 
 torch::nn::Sequential low_rank(int64_t in, int64_t rank, int64_t out, bool out_bias) {
