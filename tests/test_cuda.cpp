@@ -26,7 +26,9 @@
 #include "compat/torch_compat.h"
 #include "distill/stages.h"
 #include "infer/graphed_step.h"
+#include "io/error.h"
 #include "model/causal_lm.h"
+#include "model/mixers/blocks.h"
 #include "model/mixers/factory.h"
 #include "model/mixers/mixer_config.h"
 #include "model/student.h"
@@ -968,6 +970,43 @@ TEST(CudaOps, FusedDecodeStepMatchesLibtorchStep) {
     EXPECT_LE(e_half, 2e-2);
     std::printf("[cuda-fused] %-18s o %.1e  state %.1e  bf16 o %.1e\n", c.name.c_str(), e_o, e_s, e_half);
   }
+}
+
+// gla_recurrent with grouped KV heads (k, v and the gate with Hkv < H heads, as GLA's and RetNet's decode
+// steps pass them) against the same step with those heads spread over the H query heads first, for each
+// decay kind: the fused kernel within fp32 round-off, and the libtorch form bit for bit (it spreads them).
+TEST(CudaOps, GroupedDecodeStepMatchesSpreadHeads) {
+  REQUIRE_KERNELS();
+  NoTf32 no_tf32;
+  torch::NoGradGuard no_grad;
+  const int64_t B = 2, H = 6, Hkv = 2, G = H / Hkv, K = 64, V = 48;
+  const auto opts = torch::TensorOptions().device(dev);
+  torch::manual_seed(7);
+  auto q = torch::randn({B, 1, H, K}, opts), k = torch::randn({B, 1, Hkv, K}, opts) * 0.2;
+  auto v = torch::randn({B, 1, Hkv, V}, opts), h0 = torch::randn({B, H, K, V}, opts);
+  auto spread = [&](const torch::Tensor& x) { return mixers::repeat_heads(x, G); };
+  const std::vector<std::pair<std::string, torch::Tensor>> gates = {
+      {"none", torch::Tensor()},
+      {"fixed [H]", -torch::rand({H}, opts)},
+      {"scalar [B,1,Hkv]", -torch::rand({B, 1, Hkv}, opts)},
+      {"vector [B,1,Hkv,K]", -torch::rand({B, 1, Hkv, K}, opts)}};
+  for (const auto& [name, g] : gates) {
+    SCOPED_TRACE(name);
+    const auto g_spread = g.defined() && g.dim() > 1 ? spread(g.dim() == 3 ? g.unsqueeze(-1) : g) : g;
+    const auto g_ref = g.defined() && g.dim() == 3 ? g_spread.squeeze(-1) : g_spread;
+    ops::set_fused_kernels(false);
+    auto ref = ops::gla_recurrent(q, spread(k), spread(v), g_ref, h0, 0.125);
+    auto plain = ops::gla_recurrent(q, k, v, g, h0, 0.125);
+    ops::set_fused_kernels(true);
+    auto fused = ops::gla_recurrent(q, k, v, g, h0, 0.125);
+    EXPECT_TRUE(torch::equal(plain.o, ref.o) && torch::equal(plain.state, ref.state)) << "the libtorch form";
+    const double e_o = rel_err(fused.o, ref.o), e_s = rel_err(fused.state, ref.state);
+    EXPECT_LE(e_o, 1e-5);
+    EXPECT_LE(e_s, 1e-5);
+    std::printf("[cuda-grouped-step] %-18s o %.1e  state %.1e\n", name.c_str(), e_o, e_s);
+  }
+  EXPECT_THROW(ops::gla_recurrent(q, k.narrow(2, 0, 1).expand({B, 1, 4, K}), v, {}, h0, 0.125), Error)
+      << "Hkv must divide H and match v's heads";
 }
 
 // ---- (c) mixers on CUDA ----------------------------------------------------------------------------

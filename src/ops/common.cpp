@@ -28,13 +28,14 @@ namespace detail {
 namespace {
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr int64_t kSubChunk = 16;
+}  // namespace
 
 std::string shape_of(const torch::Tensor& t) {
+  if (!t.defined()) return "undefined";
   std::string s = "[";
   for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
   return s + "]";
 }
-}  // namespace
 
 torch::ScalarType compute_dtype(const torch::Tensor& x) {
   return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
@@ -202,7 +203,7 @@ torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tenso
 
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
-                                          const torch::Tensor& h0, double scale) {
+                                          const torch::Tensor& h0, double scale, int64_t groups) {
 #ifdef LINEARIZE_WITH_KERNELS
   if (!fused_kernels_enabled() || !on_kernel_device(q) || q.size(1) != 1 || v.scalar_type() == torch::kDouble)
     return std::nullopt;
@@ -216,10 +217,11 @@ std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::T
   if (kind == GateKind::Fixed) gs = g;
   else if (kind == GateKind::Scalar || kind == GateKind::Vector) gs = g.select(1, 0);
   auto [o, S_new] = cuda_kernels::recurrent_step(q.select(1, 0), k.select(1, 0), v.select(1, 0), gs,
-                                                 beta.defined() ? beta.select(1, 0) : torch::Tensor(), S, scale);
+                                                 beta.defined() ? beta.select(1, 0) : torch::Tensor(), S, scale,
+                                                 groups);
   return OpResult{o.unsqueeze(1), S_new};
 #else
-  (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale;
+  (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)groups;
   return std::nullopt;
 #endif
 }

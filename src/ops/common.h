@@ -19,6 +19,9 @@
 
 namespace linearize::ops::detail {
 
+// A tensor's sizes for error messages, "[2, 3]" (or "undefined").
+std::string shape_of(const torch::Tensor& t);
+
 enum class GateKind { None, Fixed, Scalar, Vector };
 
 // The compute dtype of the chunked and recurrent forms: fp64 for fp64 inputs, fp32 for the rest.
@@ -194,9 +197,10 @@ torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tenso
 
 // One decode step (T = 1) of family A (beta undefined) or B through the fused CUDA kernel, when it
 // applies: CUDA tensors, not fp64, fused kernels on. Otherwise nothing, and the caller runs its
-// libtorch form. Shapes as the recurrent ops: q, k [B,1,H,K], v [B,1,H,V], beta [B,1,H].
+// libtorch form. Shapes as the recurrent ops: q, k [B,1,H,K], v [B,1,H,V], beta [B,1,H]; with groups > 1,
+// k, v and a scalar or vector g have H / groups heads (gla_recurrent's grouped KV heads).
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
-                                          const torch::Tensor& h0, double scale);
+                                          const torch::Tensor& h0, double scale, int64_t groups = 1);
 
 }  // namespace linearize::ops::detail

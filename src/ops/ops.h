@@ -22,6 +22,9 @@ struct OpResult {
 //   [H]            fixed per head, the same at every step (RetNet's g_gamma)
 //   [B, T, H]      data-dependent scalar per head
 //   [B, T, H, K]   data-dependent per key channel (GLA)
+// gla_recurrent also takes grouped KV heads: k, v and a [B, T, Hkv] or [B, T, Hkv, K] g with Hkv heads, H a
+// multiple of Hkv, query head h reading head h / (H / Hkv) (as repeat_heads spreads them), so that a decode
+// step need not copy them to H heads first.
 OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        const torch::Tensor& g, const torch::Tensor& h0, double scale);
 OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

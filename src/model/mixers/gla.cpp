@@ -1,6 +1,6 @@
 // GLA layer (see gla.h). Order: parameterisation, recurrent step, chunked form.
 //
-//   q [B,T,H,Dk];  k, gk repeated from Hkv to H heads [B,T,H,Dk];  v [B,T,H,Dv]
+//   q [B,T,H,Dk];  k, gk repeated from Hkv to H heads [B,T,H,Dk] (a decode step reads the Hkv heads);  v [B,T,H,Dv]
 //   g = logsigmoid(gk) / normalizer (fp32);  S_t = Diag(e^{g_t}) S_{t-1} + k_t v_t^T;  o_t = S_t^T (s q_t)
 //   y = o_proj(g_norm(o) ⊙ swish(g_proj x))
 #include "model/mixers/gla.h"
@@ -41,11 +41,14 @@ torch::Tensor GLA::forward(const torch::Tensor& x, LayerState* state) {
     k = mixers::conv_step(k_conv1d, k, step, "conv_k");
     v = mixers::conv_step(v_conv1d, v, step, "conv_v");
   }
-  q = mixers::split_heads(q, H);                                   // [B,T,H,Dk]
-  k = mixers::repeat_heads(mixers::split_heads(k, Hkv), G);        // [B,T,H,Dk]
-  v = mixers::repeat_heads(mixers::split_heads(v, Hkv), G);        // [B,T,H,Dv]
-  auto gk = mixers::repeat_heads(mixers::split_heads(gk_proj->forward(x), Hkv), G);  // [B,T,H,Dk]
-  auto g = torch::log_sigmoid(gk.to(torch::kFloat)) / config.gate_logit_normalizer;  // [B,T,H,Dk] fp32
+  // A decode step reads the Hkv shared heads of k, v and the gate where they are (gla_recurrent's grouped
+  // heads); the chunked form takes them spread over the H heads.
+  const int64_t spread = step.decode ? 1 : G;
+  q = mixers::split_heads(q, H);                                        // [B,T,H,Dk]
+  k = mixers::repeat_heads(mixers::split_heads(k, Hkv), spread);        // [B,T,H,Dk] (decode: Hkv)
+  v = mixers::repeat_heads(mixers::split_heads(v, Hkv), spread);        // [B,T,H,Dv] (decode: Hkv)
+  auto gk = mixers::repeat_heads(mixers::split_heads(gk_proj->forward(x), Hkv), spread);  // [B,T,H,Dk]
+  auto g = torch::log_sigmoid(gk.to(torch::kFloat)) / config.gate_logit_normalizer;       // fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----

@@ -45,8 +45,9 @@ torch::Tensor RetNet::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t start = step.position();
   q = rotary_.apply(mixers::split_heads(q, H).transpose(1, 2), start).transpose(1, 2);    // [B,T,H,Dk]
   k = rotary_.apply(mixers::split_heads(k, Hkv).transpose(1, 2), start).transpose(1, 2);  // [B,T,Hkv,Dk]
-  k = mixers::repeat_heads(k, H / Hkv);                                                   // [B,T,H,Dk]
-  v = mixers::repeat_heads(mixers::split_heads(v, Hkv), H / Hkv);                         // [B,T,H,Dv]
+  const int64_t spread = step.decode ? 1 : H / Hkv;  // a decode step reads the Hkv heads (grouped KV heads)
+  k = mixers::repeat_heads(k, spread);                                                    // [B,T,H,Dk]
+  v = mixers::repeat_heads(mixers::split_heads(v, Hkv), spread);                          // [B,T,H,Dv]
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
   auto g = log_gamma_.to(x.device());  // [H]
 

@@ -16,31 +16,33 @@ namespace linearize::ops::cuda_kernels {
 
 namespace {
 
-// gate_mode: 0 none, 1 fixed [H], 2 scalar [B,H], 3 vector [B,H,K].
+// gate_mode: 0 none, 1 fixed [H], 2 scalar [B,Hkv], 3 vector [B,Hkv,K]; k, v (and those gates) have
+// Hkv = H / groups heads, query head h reading head h / groups.
 template <typename T>
 __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                       const float* __restrict__ g, int gate_mode, const float* __restrict__ beta,
                                       const float* __restrict__ S, float* __restrict__ S_new, T* __restrict__ o,
-                                      int H, int K, int V, float scale) {
+                                      int H, int groups, int K, int V, float scale) {
   LINEARIZE_DYNAMIC_SHARED(float, shared);
   float* qs = shared;          // [K] scale * q
   float* ks = shared + K;      // [K]
   float* decay = shared + 2 * K;  // [K] exp(g)
   const int bh = blockIdx.x, h = bh % H;
+  const int kvh = (bh / H) * (H / groups) + h / groups;  // (b, h / groups) in [B, Hkv]
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
     qs[i] = static_cast<float>(q[bh * K + i]) * scale;
-    ks[i] = static_cast<float>(k[bh * K + i]);
+    ks[i] = static_cast<float>(k[kvh * K + i]);
     float lg = 0.f;
     if (gate_mode == 1) lg = g[h];
-    else if (gate_mode == 2) lg = g[bh];
-    else if (gate_mode == 3) lg = g[bh * K + i];
+    else if (gate_mode == 2) lg = g[kvh];
+    else if (gate_mode == 3) lg = g[kvh * K + i];
     decay[i] = __expf(lg);
   }
   __syncthreads();
   const float* Sb = S + static_cast<size_t>(bh) * K * V;
   float* Nb = S_new + static_cast<size_t>(bh) * K * V;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    float u = static_cast<float>(v[bh * V + j]);
+    float u = static_cast<float>(v[kvh * V + j]);
     if (beta != nullptr) {
       float pred = 0.f;  // (S'^T k)_j
       for (int i = 0; i < K; ++i) pred += decay[i] * Sb[i * V + j] * ks[i];
@@ -61,8 +63,11 @@ __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restri
 std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, const torch::Tensor& k,
                                                        const torch::Tensor& v, const torch::Tensor& g,
                                                        const torch::Tensor& beta, const torch::Tensor& S,
-                                                       double scale) {
+                                                       double scale, int64_t groups) {
   const int64_t B = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
+  TORCH_CHECK(groups >= 1 && H % groups == 0 && k.size(1) * groups == H && v.size(1) * groups == H,
+              "recurrent step: expects k and v with H / groups heads; got q ", q.sizes(), ", k ", k.sizes(), ", v ",
+              v.sizes(), " and groups ", groups);
   const c10::cuda::CUDAGuard guard(q.device());
   auto vc = v.contiguous();
   auto qc = q.to(vc.scalar_type()).contiguous(), kc = k.to(vc.scalar_type()).contiguous();
@@ -82,7 +87,7 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
     launch(recurrent_step_kernel<scalar_t>, static_cast<unsigned>(B * H), threads, smem, qc.data_ptr<scalar_t>(),
            kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), ptr_or_null(gc), gate_mode, ptr_or_null(bc),
            Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
-           static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
+           static_cast<int>(groups), static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
   });
   return {o, S_new};
 }
