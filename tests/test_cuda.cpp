@@ -921,6 +921,78 @@ TEST(CudaOps, ShortConvKernelsMatchFp64) {
 #endif
 }
 
+// The decay gate's kernels (ops/cuda/softplus_decay.cu) through ops::softplus_decay: g and the gradients of
+// f, dt_bias and A_log against the formula in fp64 (beside the libtorch formula's errors where it runs).
+// Cases: KDA's (a decay per key channel) and Gated DeltaNet's (one a head) shapes, over several row blocks,
+// with f beyond softplus's threshold of 20 in places, and the parameters in fp32 or in f's 16-bit dtype.
+TEST(CudaOps, SoftplusDecayKernelsMatchFp64) {
+  REQUIRE_KERNELS();
+#ifdef LINEARIZE_WITH_KERNELS
+  struct Case {
+    int64_t B, T, H, K;
+    torch::ScalarType f, params;
+  };
+  const auto f32 = torch::kFloat, bf16 = torch::kBFloat16, f16 = torch::kHalf;
+  for (const Case c : {Case{2, 37, 4, 64, bf16, f32}, Case{3, 70, 6, 1, f32, f32}, Case{1, 150, 3, 32, f32, f32},
+                       Case{2, 5, 2, 64, f16, f16}, Case{2, 9, 4, 16, bf16, bf16}}) {
+    SCOPED_TRACE("H=" + std::to_string(c.H) + " K=" + std::to_string(c.K) + " f=" + c10::toString(c.f) +
+                 " params=" + c10::toString(c.params));
+    torch::manual_seed(100 + c.K);
+    const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+    const int64_t C = c.H * c.K;
+    auto f = (torch::randn({c.B, c.T, C}, f64) * 4).to(c.f);
+    f.view({-1}).narrow(0, 0, 3).fill_(25.0);  // past softplus's threshold
+    auto dt_bias = mixers::dt_bias_init(C).to(c.params);
+    auto A_log = torch::log(1 + torch::rand({c.H}, f64) * 15).to(c.params);
+    auto dg = torch::randn({c.B, c.T, C}, f64).to(torch::kFloat);
+
+    auto f64v = f.to(torch::kDouble).requires_grad_(true), b64 = dt_bias.to(torch::kDouble).requires_grad_(true);
+    auto a64 = A_log.to(torch::kDouble).requires_grad_(true);
+    auto g64 = -a64.exp().view({c.H, 1}) * torch::softplus((f64v + b64).view({c.B, c.T, c.H, c.K}));
+    g64 = g64.view({c.B, c.T, C});
+    g64.backward(dg.to(torch::kDouble));
+
+    auto run = [&](bool fused) {
+      ops::set_fused_kernels(fused);
+      auto fd = f.to(dev).clone().requires_grad_(true), bd = dt_bias.to(dev).clone().requires_grad_(true);
+      auto ad = A_log.to(dev).clone().requires_grad_(true);
+      auto g = ops::softplus_decay(fd, bd, ad);
+      g.backward(dg.to(dev));
+      ops::set_fused_kernels(true);
+      return std::vector<torch::Tensor>{g.detach(), fd.grad(), bd.grad(), ad.grad()};
+    };
+    const auto got = run(true);
+    EXPECT_EQ(got[0].scalar_type(), torch::kFloat);
+    EXPECT_EQ(got[1].scalar_type(), c.f);
+    EXPECT_TRUE(torch::equal(got[0].view({-1, C}), ops::cuda_kernels::softplus_decay_forward(
+                                                       f.to(dev).view({-1, C}), dt_bias.to(dev), A_log.to(dev))))
+        << "ops did not run the kernel";
+    auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };
+    const std::vector<std::tuple<std::string, torch::Tensor, double>> checks = {
+        {"g", g64.detach(), 1e-5}, {"df", f64v.grad(), tol(c.f)}, {"d_dt_bias", b64.grad(), tol(c.params)},
+        {"dA_log", a64.grad(), tol(c.params)}};
+    const bool plain = has_plain_form(kernels, c.f) && has_plain_form(kernels, c.params);
+    const auto formula = plain ? run(false) : std::vector<torch::Tensor>{};
+    std::string line;
+    for (size_t i = 0; i < checks.size(); ++i) {
+      const auto& [name, want, bound] = checks[i];
+      const double err = rel_err(got[i], want);
+      EXPECT_LE(err, bound) << name;
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
+      line += buf;
+      if (plain) {
+        std::snprintf(buf, sizeof buf, " (%.1e)", rel_err(formula[i], want));
+        line += buf;
+      }
+    }
+    std::printf("[cuda-softplus-decay] rows=%ld H=%ld K=%ld f=%s params=%s:%s\n", static_cast<long>(c.B * c.T),
+                static_cast<long>(c.H), static_cast<long>(c.K), c10::toString(c.f), c10::toString(c.params),
+                line.c_str());
+  }
+#endif
+}
+
 // ---- (b) the fused decode step ---------------------------------------------------------------------
 
 // One recurrent step (T = 1) with fused kernels on or off.

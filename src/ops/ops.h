@@ -102,4 +102,10 @@ struct ShortConvResult {
 ShortConvResult short_conv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                            const torch::Tensor& prefix, bool silu, bool want_cache);
 
+// ---- The decay gate of Gated DeltaNet and KDA (ops/softplus_decay.cpp) ----------------------------
+// g = -exp(A_log) * softplus(f + dt_bias) in fp32 (Mamba2's parameterisation): f [..., C] with C = H * K
+// channels, K a head (K = 1: one a head, as Gated DeltaNet), dt_bias [C], A_log [H]. Returns [..., C] fp32.
+// On a kernel device one kernel each way (ops/cuda/softplus_decay.cu); elsewhere the formula.
+torch::Tensor softplus_decay(const torch::Tensor& f, const torch::Tensor& dt_bias, const torch::Tensor& A_log);
+
 }  // namespace linearize::ops

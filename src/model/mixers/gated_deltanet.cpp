@@ -41,7 +41,7 @@ torch::Tensor GatedDeltaNet::forward(const torch::Tensor& x, LayerState* state) 
                                           k_conv1d, v_conv1d, step, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
   auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,H]
   if (config.allow_neg_eigval) beta = beta * 2;
-  auto g = -A_log.to(torch::kFloat).exp() * torch::softplus(a_proj(x).to(torch::kFloat) + dt_bias.to(torch::kFloat));  // [B,T,H]
+  auto g = ops::softplus_decay(a_proj(x), dt_bias, A_log);  // -exp(A_log) softplus(a_proj x + dt_bias) [B,T,H] fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----

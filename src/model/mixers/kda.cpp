@@ -42,8 +42,8 @@ torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
                                           k_conv1d, v_conv1d, step, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
   auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,H]
   if (config.allow_neg_eigval) beta = beta * 2;
-  auto f = f_proj->forward(x).to(torch::kFloat) + dt_bias.to(torch::kFloat);                   // [B,T,H*Dk]
-  auto g = -A_log.to(torch::kFloat).exp().view({H, 1}) * torch::softplus(mixers::split_heads(f, H));  // [B,T,H,Dk]
+  // g = -exp(A_log) softplus(f + dt_bias), one kernel each way (ops::softplus_decay)
+  auto g = mixers::split_heads(ops::softplus_decay(f_proj->forward(x), dt_bias, A_log), H);  // [B,T,H,Dk] fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
