@@ -786,7 +786,8 @@ TEST(CudaOps, SwigluKernelMatchesFp64) {
     torch::manual_seed(80 + c.shape.back());
     const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
     auto make = [&](double scale) {
-      const int64_t n = c10::multiply_integers(c.shape);
+      int64_t n = 1;
+      for (const int64_t d : c.shape) n *= d;
       auto t = (torch::randn({n + 1}, f64) * scale).to(c.dtype).to(dev);
       return (c.offset ? t.narrow(0, 1, n) : t.narrow(0, 0, n)).view(c.shape);
     };
