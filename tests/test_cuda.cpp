@@ -74,6 +74,32 @@ bool has_plain_form(const KernelDevice& kernels, torch::ScalarType dt) {
   return kernels.gpu || dt != torch::kHalf;
 }
 
+// One output of a kernel test: what the kernel gave, the fp64 reference, the libtorch formula's result in
+// the same dtypes (undefined where it does not run) and the bound on the kernel's error.
+struct Fp64Check {
+  std::string name;
+  torch::Tensor got, want, formula;
+  double bound;
+};
+
+// Expects each kernel output within its bound of the reference, and returns the line the test prints:
+// "  name error" for each, with the formula's error in brackets where it ran.
+std::string expect_near_fp64(const std::vector<Fp64Check>& checks) {
+  std::string line;
+  for (const auto& c : checks) {
+    const double err = rel_err(c.got, c.want);
+    EXPECT_LE(err, c.bound) << c.name;
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "  %s %.1e", c.name.c_str(), err);
+    line += buf;
+    if (c.formula.defined()) {
+      std::snprintf(buf, sizeof buf, " (%.1e)", rel_err(c.formula, c.want));
+      line += buf;
+    }
+  }
+  return line;
+}
+
 // fp32 on the GPU means fp32: no TF32 in matrix products while these tests run.
 struct NoTf32 {
   NoTf32() { at::globalContext().setAllowTF32CuBLAS(false); }
@@ -738,28 +764,13 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
     // Bounds by the least precise dtype taking part: y and dw carry the rounding of n to x's dtype.
     auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };
     const double bound = c.rms ? std::max(tol(c.x), tol(c.w)) : tol(c.x);
-    std::vector<std::tuple<std::string, torch::Tensor, torch::Tensor, double>> checks = {
-        {"y", y, y64.detach(), bound}, {"dx", dx, x64.grad(), bound}};
-    if (c.rms) checks.emplace_back("dw", dw, w64.grad(), bound);
-    if (gated) checks.emplace_back("dgate", dgate, gate64.grad(), bound);
     const bool plain = has_plain_form(kernels, c.x) && has_plain_form(kernels, c.w);
-    std::optional<std::tuple<torch::Tensor, torch::Tensor, torch::Tensor, torch::Tensor>> formula;
-    if (plain) formula = run(false);
-    std::string line;
-    for (size_t i = 0; i < checks.size(); ++i) {
-      const auto& [name, got, want, bound] = checks[i];
-      const double err = rel_err(got, want);
-      EXPECT_LE(err, bound) << name;
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
-      line += buf;
-      if (formula) {
-        const auto& [fy, fdx, fdw, fdgate] = *formula;
-        const torch::Tensor& f = name == "y" ? fy : name == "dx" ? fdx : name == "dw" ? fdw : fdgate;
-        std::snprintf(buf, sizeof buf, " (%.1e)", rel_err(f, want));
-        line += buf;
-      }
-    }
+    torch::Tensor fy, fdx, fdw, fdgate;  // the formula's, where it runs
+    if (plain) std::tie(fy, fdx, fdw, fdgate) = run(false);
+    std::vector<Fp64Check> checks = {{"y", y, y64.detach(), fy, bound}, {"dx", dx, x64.grad(), fdx, bound}};
+    if (c.rms) checks.push_back({"dw", dw, w64.grad(), fdw, bound});
+    if (gated) checks.push_back({"dgate", dgate, gate64.grad(), fdgate, bound});
+    const std::string line = expect_near_fp64(checks);
     std::printf("[cuda-row-norm] %s%s rows=%ld D=%ld x=%s w=%s:%s\n", c.rms ? "rms" : "l2", gate_name,
                 static_cast<long>(2 * c.rows), static_cast<long>(c.D), c10::toString(c.x), c10::toString(c.w),
                 line.c_str());
@@ -811,25 +822,11 @@ TEST(CudaOps, SwigluKernelMatchesFp64) {
     EXPECT_EQ(z.scalar_type(), c.dtype);
     EXPECT_TRUE(torch::equal(z, ops::cuda_kernels::swiglu_forward(gate, up))) << "ops did not run the kernel";
     const double bound = c.dtype == torch::kFloat ? 1e-5 : c.dtype == torch::kHalf ? 2e-3 : 1e-2;
-    const bool plain = has_plain_form(kernels, c.dtype);
-    std::optional<std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>> formula;
-    if (plain) formula = run(false);
-    const std::vector<std::tuple<std::string, torch::Tensor, torch::Tensor>> checks = {
-        {"z", z, (torch::silu(g64) * u64).detach()}, {"dgate", dg, g64.grad()}, {"dup", du, u64.grad()}};
-    std::string line;
-    for (size_t i = 0; i < checks.size(); ++i) {
-      const auto& [name, got, want] = checks[i];
-      const double err = rel_err(got.cpu(), want);
-      EXPECT_LE(err, bound) << name;
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
-      line += buf;
-      if (formula) {
-        const auto& [fz, fdg, fdu] = *formula;
-        std::snprintf(buf, sizeof buf, " (%.1e)", rel_err((i == 0 ? fz : i == 1 ? fdg : fdu).cpu(), want));
-        line += buf;
-      }
-    }
+    torch::Tensor fz, fdg, fdu;  // the formula's, where it runs
+    if (has_plain_form(kernels, c.dtype)) std::tie(fz, fdg, fdu) = run(false);
+    const std::string line = expect_near_fp64({{"z", z, (torch::silu(g64) * u64).detach(), fz, bound},
+                                               {"dgate", dg, g64.grad(), fdg, bound},
+                                               {"dup", du, u64.grad(), fdu, bound}});
     std::printf("[cuda-swiglu] %s n=%ld%s:%s\n", c10::toString(c.dtype), static_cast<long>(gate.numel()),
                 c.offset ? " offset" : "", line.c_str());
   }
@@ -897,23 +894,13 @@ TEST(CudaOps, ShortConvKernelsMatchFp64) {
 
     auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };
     const double bound = std::max(tol(c.x), tol(c.w));
-    std::vector<std::tuple<std::string, size_t, torch::Tensor>> checks = {
-        {"y", 0, y64.detach()}, {"dx", 2, x64.grad()}, {"dw", 3, w64.grad()}};
-    if (c.bias) checks.emplace_back("dbias", 4, b64.grad());
     const bool plain = has_plain_form(kernels, c.x) && has_plain_form(kernels, c.w);
-    const auto formula = plain ? run(false) : std::vector<torch::Tensor>{};
-    std::string line;
-    for (const auto& [name, i, want] : checks) {
-      const double err = rel_err(got[i], want);
-      EXPECT_LE(err, bound) << name;
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
-      line += buf;
-      if (plain) {
-        std::snprintf(buf, sizeof buf, " (%.1e)", rel_err(formula[i], want));
-        line += buf;
-      }
-    }
+    const auto formula = plain ? run(false) : std::vector<torch::Tensor>(5);
+    std::vector<Fp64Check> checks = {{"y", got[0], y64.detach(), formula[0], bound},
+                                     {"dx", got[2], x64.grad(), formula[2], bound},
+                                     {"dw", got[3], w64.grad(), formula[3], bound}};
+    if (c.bias) checks.push_back({"dbias", got[4], b64.grad(), formula[4], bound});
+    const std::string line = expect_near_fp64(checks);
     std::printf("[cuda-short-conv] B=%ld T=%ld C=%ld W=%ld x=%s w=%s%s%s%s:%s\n", static_cast<long>(c.B),
                 static_cast<long>(c.T), static_cast<long>(c.C), static_cast<long>(c.W), c10::toString(c.x),
                 c10::toString(c.w), c.bias ? " bias" : "", c.prefix ? " prefix" : "", c.silu ? " silu" : "",
@@ -969,24 +956,12 @@ TEST(CudaOps, SoftplusDecayKernelsMatchFp64) {
                                                        f.to(dev).view({-1, C}), dt_bias.to(dev), A_log.to(dev))))
         << "ops did not run the kernel";
     auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };
-    const std::vector<std::tuple<std::string, torch::Tensor, double>> checks = {
-        {"g", g64.detach(), 1e-5}, {"df", f64v.grad(), tol(c.f)}, {"d_dt_bias", b64.grad(), tol(c.params)},
-        {"dA_log", a64.grad(), tol(c.params)}};
     const bool plain = has_plain_form(kernels, c.f) && has_plain_form(kernels, c.params);
-    const auto formula = plain ? run(false) : std::vector<torch::Tensor>{};
-    std::string line;
-    for (size_t i = 0; i < checks.size(); ++i) {
-      const auto& [name, want, bound] = checks[i];
-      const double err = rel_err(got[i], want);
-      EXPECT_LE(err, bound) << name;
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "  %s %.1e", name.c_str(), err);
-      line += buf;
-      if (plain) {
-        std::snprintf(buf, sizeof buf, " (%.1e)", rel_err(formula[i], want));
-        line += buf;
-      }
-    }
+    const auto formula = plain ? run(false) : std::vector<torch::Tensor>(4);
+    const std::string line = expect_near_fp64({{"g", got[0], g64.detach(), formula[0], 1e-5},
+                                               {"df", got[1], f64v.grad(), formula[1], tol(c.f)},
+                                               {"d_dt_bias", got[2], b64.grad(), formula[2], tol(c.params)},
+                                               {"dA_log", got[3], a64.grad(), formula[3], tol(c.params)}});
     std::printf("[cuda-softplus-decay] rows=%ld H=%ld K=%ld f=%s params=%s:%s\n", static_cast<long>(c.B * c.T),
                 static_cast<long>(c.H), static_cast<long>(c.K), c10::toString(c.f), c10::toString(c.params),
                 line.c_str());
