@@ -753,12 +753,9 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
     const auto [y, dx, dw, dgate] = run(true);
     EXPECT_EQ(y.scalar_type(), y_dtype);
     EXPECT_EQ(dx.scalar_type(), c.x);
-    const auto kernel_gate = c.gate == sigmoid ? ops::cuda_kernels::NormGate::sigmoid
-                             : c.gate == silu  ? ops::cuda_kernels::NormGate::silu
-                                               : ops::cuda_kernels::NormGate::none;
     auto direct = ops::cuda_kernels::row_norm_forward(
         x.to(dev).view({-1, c.D}), c.rms ? w.to(dev) : torch::Tensor(), c.rms ? 1.0 / static_cast<double>(c.D) : 1.0,
-        eps, gated ? gate.to(dev).view({-1, c.D}) : torch::Tensor(), kernel_gate);
+        eps, gated ? gate.to(dev).view({-1, c.D}) : torch::Tensor(), c.gate);
     EXPECT_TRUE(torch::equal(y.view({-1, c.D}), direct.y)) << "ops did not run the kernel";
 
     // Bounds by the least precise dtype taking part: y and dw carry the rounding of n to x's dtype.

@@ -23,13 +23,12 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // x [rows, D] contiguous, weight [D] or an empty placeholder (none), gate [rows, D] or a placeholder (none,
-// then act is NormGate::none) -> y [rows, D].
+// then act is Gate::none) -> y [rows, D].
 struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& gate, double mean_scale, double eps, int64_t act) {
-    const auto gate_act = static_cast<cuda_kernels::NormGate>(act);
     auto r = cuda_kernels::row_norm_forward(x, cuda_kernels::present(weight), mean_scale, eps,
-                                            cuda_kernels::present(gate), gate_act);
+                                            cuda_kernels::present(gate), static_cast<Gate>(act));
     ctx->save_for_backward({x, weight, gate, r.rstd});
     ctx->saved_data["mean_scale"] = mean_scale;
     ctx->saved_data["act"] = act;
@@ -44,7 +43,7 @@ struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     const auto dy = grads[0].to(y_dtype).contiguous();
     auto r = cuda_kernels::row_norm_backward(x, weight, rstd, dy, ctx->saved_data["mean_scale"].toDouble(),
                                              weight.defined() && ctx->needs_input_grad(1), gate,
-                                             static_cast<cuda_kernels::NormGate>(ctx->saved_data["act"].toInt()));
+                                             static_cast<Gate>(ctx->saved_data["act"].toInt()));
     return {r.dx, r.dw, r.dgate, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -67,11 +66,8 @@ std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch:
   auto placeholder = torch::empty({0}, x.options());
   auto w = weight.defined() ? weight.contiguous() : placeholder;
   auto g = act != Gate::none ? gate.contiguous().view({-1, D}) : placeholder;
-  const auto kernel_act = act == Gate::sigmoid ? cuda_kernels::NormGate::sigmoid
-                          : act == Gate::silu  ? cuda_kernels::NormGate::silu
-                                               : cuda_kernels::NormGate::none;
   auto y = RowNormFunction::apply(x.contiguous().view({-1, D}), w, g, mean_scale, eps,
-                                  static_cast<int64_t>(kernel_act))[0];
+                                  static_cast<int64_t>(act))[0];
   return y.view(x.sizes());
 #else
   (void)x, (void)weight, (void)mean_scale, (void)eps, (void)gate, (void)act;

@@ -53,4 +53,10 @@ E* data_as(const torch::Tensor& t) {
   return reinterpret_cast<E*>(t.data_ptr());
 }
 
+// The same for an optional input: nullptr when it is undefined.
+template <typename E>
+const E* data_or_null(const torch::Tensor& t) {
+  return t.defined() ? data_as<E>(t) : nullptr;
+}
+
 }  // namespace linearize::ops::cuda_kernels

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "ops/cuda/elementwise.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/shared_memory.cuh"
@@ -32,16 +33,16 @@ constexpr int kWarps = 4;  // rows a block walks at once
 constexpr int kThreads = kWarps * 32;
 constexpr int64_t kPartialFloats = int64_t{1} << 20;  // dw's partials [blocks, D] take at most 4 MiB
 
-// The gate's activation (kernels.h NormGate) at v, rounded to the gate's dtype E, and its slope there (from
+// The gate's activation (ops.h's Gate) at v, rounded to the gate's dtype E, and its slope there (from
 // the unrounded sigmoid: libtorch's sigmoid backward takes the rounded output, which near 1 loses 1 - s).
 template <typename E>
-__device__ __forceinline__ float gate_value(float v, NormGate act) {
-  const float s = 1.f / (1.f + expf(-v));
-  return static_cast<float>(static_cast<E>(act == NormGate::silu ? v * s : s));
+__device__ __forceinline__ float gate_value(float v, Gate act) {
+  const float s = sigmoid_of(v);
+  return static_cast<float>(static_cast<E>(act == Gate::silu ? v * s : s));
 }
-__device__ __forceinline__ float gate_slope(float v, NormGate act) {
-  const float s = 1.f / (1.f + expf(-v));
-  return act == NormGate::silu ? s * (1.f + v * (1.f - s)) : s * (1.f - s);
+__device__ __forceinline__ float gate_slope(float v, Gate act) {
+  const float s = sigmoid_of(v);
+  return act == Gate::silu ? silu_slope(v, s) : s * (1.f - s);
 }
 
 __device__ __forceinline__ float warp_sum(float x) {
@@ -58,7 +59,7 @@ using OutOf = std::conditional_t<std::is_same_v<E, float> || std::is_same_v<W, f
 template <typename E, typename W>
 __global__ void __launch_bounds__(kThreads)
     row_norm_forward_kernel(const E* __restrict__ x, const W* __restrict__ w, const E* __restrict__ gate,
-                            NormGate act, OutOf<E, W>* __restrict__ y, float* __restrict__ r, int64_t rows, int D,
+                            Gate act, OutOf<E, W>* __restrict__ y, float* __restrict__ r, int64_t rows, int D,
                             float mean_scale, float eps) {
   using Out = OutOf<E, W>;
   const int lane = threadIdx.x % 32;
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kThreads)
 template <typename E, typename W>
 __global__ void __launch_bounds__(kThreads)
     row_norm_backward_kernel(const E* __restrict__ x, const W* __restrict__ w, const E* __restrict__ gate,
-                             NormGate act, const float* __restrict__ r, const OutOf<E, W>* __restrict__ dy,
+                             Gate act, const float* __restrict__ r, const OutOf<E, W>* __restrict__ dy,
                              E* __restrict__ dx, E* __restrict__ dgate, float* __restrict__ partials, int64_t rows,
                              int D, float mean_scale) {
   using Out = OutOf<E, W>;
@@ -140,30 +141,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The kernels' element type for dt (the caller checked it is one of the three).
-template <typename Fn>
-void dispatch_element(torch::ScalarType dt, Fn fn) {
-  if (dt == torch::kFloat) fn(float{});
-  else if (dt == torch::kBFloat16) fn(c10::BFloat16{});
-  else fn(c10::Half{});
-}
-
 // Calls fn(E{}, W{}) for x's and w's dtypes (w undefined: W = E).
 template <typename Fn>
 void dispatch_pair(const torch::Tensor& x, const torch::Tensor& w, Fn fn) {
-  dispatch_element(x.scalar_type(), [&](auto e) {
-    dispatch_element(w.defined() ? w.scalar_type() : x.scalar_type(), [&](auto wt) { fn(e, wt); });
+  dispatch_float_types(x.scalar_type(), [&](auto e) {
+    dispatch_float_types(w.defined() ? w.scalar_type() : x.scalar_type(), [&](auto wt) { fn(e, wt); });
   });
-}
-
-// The weight's data, or null when there is none.
-template <typename T>
-const T* data_or_null(const torch::Tensor& t) {
-  return t.defined() ? data_as<T>(t) : nullptr;
-}
-
-bool norm_dtype(torch::ScalarType t) {
-  return t == torch::kFloat || t == torch::kBFloat16 || t == torch::kHalf;
 }
 
 // One block for every kWarps rows, at most `cap` blocks (each warp then walks several rows).
@@ -172,7 +155,7 @@ unsigned blocks_for(int64_t rows, int64_t cap) {
 }
 
 void check_input(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && norm_dtype(x.scalar_type()),
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && float_type(x.scalar_type()),
               "row norm: expects x [rows, D] fp32, bf16 or fp16, contiguous; got ", x.sizes(), " ", x.scalar_type());
   TORCH_CHECK(row_norm_supported(x.scalar_type(), w.defined() ? w.scalar_type() : x.scalar_type(), x.size(1)),
               "row norm: unsupported x dtype ", x.scalar_type(), ", weight dtype ",
@@ -192,11 +175,11 @@ void check_input(const torch::Tensor& x, const torch::Tensor& w, const torch::Te
 
 bool row_norm_supported(torch::ScalarType x_dtype, torch::ScalarType w_dtype, int64_t D) {
   const bool pair = w_dtype == x_dtype || w_dtype == torch::kFloat || x_dtype == torch::kFloat;
-  return norm_dtype(x_dtype) && norm_dtype(w_dtype) && pair && D >= 1 && D <= kMaxRowNormSize;
+  return float_type(x_dtype) && float_type(w_dtype) && pair && D >= 1 && D <= kMaxRowNormSize;
 }
 
 RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, double mean_scale, double eps,
-                                const torch::Tensor& gate, NormGate act) {
+                                const torch::Tensor& gate, Gate act) {
   check_input(x, w, gate);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.size(0), D = x.size(1);
@@ -216,7 +199,7 @@ RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, 
 
 RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& rstd,
                                const torch::Tensor& dy, double mean_scale, bool want_dw, const torch::Tensor& gate,
-                               NormGate act) {
+                               Gate act) {
   check_input(x, w, gate);
   const int64_t rows = x.size(0), D = x.size(1);
   TORCH_CHECK(rstd.sizes() == torch::IntArrayRef{rows} && rstd.scalar_type() == torch::kFloat && rstd.is_contiguous(),

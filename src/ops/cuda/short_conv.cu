@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "ops/cuda/elementwise.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
 
@@ -46,8 +47,6 @@ __device__ __forceinline__ float input_at(const E* x, const E* prefix, int64_t b
   if (s >= W - 1) return static_cast<float>(x[(b * T + (s - (W - 1))) * C + c]);
   return prefix == nullptr ? 0.f : static_cast<float>(prefix[(b * C + c) * (W - 1) + s]);
 }
-
-__device__ __forceinline__ float sigmoid_of(float v) { return 1.f / (1.f + expf(-v)); }
 
 // x [B, T, C] (E), w [C, W] (Wt), bias [C] (Wt) or null, prefix [B, C, W-1] (E) or null -> y [B, T, C] (E) and,
 // with cache, x̃'s last W-1 steps [B, C, W-1] (E).
@@ -115,7 +114,7 @@ __global__ void __launch_bounds__(kThreads)
       g = static_cast<float>(dy[(at.b * T + t) * C + at.c]);
       if (silu) {
         const float pr = static_cast<float>(static_cast<E>(p)), s = sigmoid_of(pr);
-        g *= s * (1.f + pr * (1.f - s));
+        g *= silu_slope(pr, s);
       }
     }
 #pragma unroll
@@ -142,10 +141,6 @@ __global__ void __launch_bounds__(kThreads)
   part[static_cast<int64_t>(W) * C] = db;
 }
 
-bool conv_dtype(torch::ScalarType t) {
-  return t == torch::kFloat || t == torch::kBFloat16 || t == torch::kHalf;
-}
-
 // Calls fn(E{}, Wt{}, std::integral_constant<int, W>{}) for x's and w's dtypes (w fp32 or x's dtype) and
 // the width (kMinShortConvWidth .. kMaxShortConvWidth).
 template <typename Fn>
@@ -156,18 +151,7 @@ void dispatch(torch::ScalarType x, torch::ScalarType w, int64_t width, Fn fn) {
     else if (width == 3) fn(e, wt, std::integral_constant<int, 3>{});
     else fn(e, wt, std::integral_constant<int, 4>{});
   };
-  auto with_x = [&](auto e) {
-    if (w == torch::kFloat) with_width(e, float{});
-    else with_width(e, e);
-  };
-  if (x == torch::kFloat) with_x(float{});
-  else if (x == torch::kBFloat16) with_x(c10::BFloat16{});
-  else with_x(c10::Half{});
-}
-
-template <typename T>
-const T* data_or_null(const torch::Tensor& t) {
-  return t.defined() ? data_as<T>(t) : nullptr;
+  dispatch_with_params(x, w, with_width);
 }
 
 struct ConvShape {
@@ -205,7 +189,7 @@ ConvShape check_inputs(const torch::Tensor& x, const torch::Tensor& w, const tor
 }  // namespace
 
 bool short_conv_supported(torch::ScalarType x_dtype, torch::ScalarType w_dtype, int64_t width) {
-  return conv_dtype(x_dtype) && (w_dtype == x_dtype || w_dtype == torch::kFloat) && width >= kMinShortConvWidth &&
+  return float_type(x_dtype) && (w_dtype == x_dtype || w_dtype == torch::kFloat) && width >= kMinShortConvWidth &&
          width <= kMaxShortConvWidth;
 }
 

@@ -12,6 +12,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "ops/cuda/elementwise.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
 
@@ -24,7 +25,6 @@ constexpr int64_t kRowBlock = 64;  // rows a thread walks
 
 // softplus as libtorch computes it (threshold 20: x itself above).
 __device__ __forceinline__ float softplus_of(float z) { return z > 20.f ? z : log1pf(expf(z)); }
-__device__ __forceinline__ float sigmoid_of(float z) { return 1.f / (1.f + expf(-z)); }
 
 // f [rows, C] (E), dt_bias [C] and A_log [H] (P: fp32 or E) -> g [rows, C] fp32.
 template <typename E, typename P>
@@ -64,18 +64,6 @@ __global__ void __launch_bounds__(kThreads)
   part[C] = sum_dgg;
 }
 
-// Calls fn(E{}, P{}) for f's dtype and the parameters' (fp32 or f's).
-template <typename Fn>
-void dispatch_pair(torch::ScalarType f, torch::ScalarType params, Fn fn) {
-  auto with_f = [&](auto e) {
-    if (params == torch::kFloat) fn(e, float{});
-    else fn(e, e);
-  };
-  if (f == torch::kFloat) with_f(float{});
-  else if (f == torch::kBFloat16) with_f(c10::BFloat16{});
-  else with_f(c10::Half{});
-}
-
 struct DecayShape {
   int64_t rows, C, K;
   dim3 grid() const {
@@ -104,7 +92,7 @@ DecayShape check_inputs(const torch::Tensor& f, const torch::Tensor& dt_bias, co
 
 bool softplus_decay_supported(torch::ScalarType f_dtype, torch::ScalarType dt_bias_dtype,
                               torch::ScalarType A_log_dtype) {
-  const bool f_ok = f_dtype == torch::kFloat || f_dtype == torch::kBFloat16 || f_dtype == torch::kHalf;
+  const bool f_ok = float_type(f_dtype);
   const bool params_ok = dt_bias_dtype == A_log_dtype && (dt_bias_dtype == torch::kFloat || dt_bias_dtype == f_dtype);
   return f_ok && params_ok;
 }
@@ -114,7 +102,7 @@ torch::Tensor softplus_decay_forward(const torch::Tensor& f, const torch::Tensor
   const c10::cuda::CUDAGuard guard(f.device());
   auto g = torch::empty({s.rows, s.C}, f.options().dtype(torch::kFloat));
   if (s.rows == 0 || s.C == 0) return g;
-  dispatch_pair(f.scalar_type(), dt_bias.scalar_type(), [&](auto e, auto p) {
+  dispatch_with_params(f.scalar_type(), dt_bias.scalar_type(), [&](auto e, auto p) {
     using E = decltype(e);
     using P = decltype(p);
     launch(softplus_decay_forward_kernel<E, P>, s.grid(), kThreads, 0, data_as<E>(f), data_as<P>(dt_bias),
@@ -135,7 +123,7 @@ SoftplusDecayGrads softplus_decay_backward(const torch::Tensor& f, const torch::
   const dim3 grid = s.grid();
   auto partials = torch::zeros({static_cast<int64_t>(grid.y), 2, s.C}, f.options().dtype(torch::kFloat));
   if (s.rows > 0 && s.C > 0) {
-    dispatch_pair(f.scalar_type(), dt_bias.scalar_type(), [&](auto e, auto p) {
+    dispatch_with_params(f.scalar_type(), dt_bias.scalar_type(), [&](auto e, auto p) {
       using E = decltype(e);
       using P = decltype(p);
       launch(softplus_decay_backward_kernel<E, P>, grid, kThreads, 0, data_as<E>(f), data_as<P>(dt_bias),

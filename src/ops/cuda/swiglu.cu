@@ -17,6 +17,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "ops/cuda/elementwise.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
 
@@ -37,8 +38,6 @@ template <typename E, int V>
 __device__ __forceinline__ Word<E, V> load_word(const E* p, int64_t i) {
   return reinterpret_cast<const Word<E, V>*>(p)[i];
 }
-
-__device__ __forceinline__ float sigmoid_of(float v) { return 1.f / (1.f + expf(-v)); }
 
 // gate, up [n] (E) -> z [n] (E), V elements a thread at a time.
 template <typename E, int V>
@@ -73,30 +72,23 @@ __global__ void __launch_bounds__(kThreads)
       const float a = static_cast<float>(static_cast<E>(v * s));
       du.x[j] = static_cast<E>(dzj * a);
       const float da = static_cast<float>(static_cast<E>(dzj * static_cast<float>(u.x[j])));
-      dg.x[j] = static_cast<E>(da * s * (1.f + v * (1.f - s)));
+      dg.x[j] = static_cast<E>(da * silu_slope(v, s));
     }
     reinterpret_cast<Word<E, V>*>(dgate)[w] = dg;
     reinterpret_cast<Word<E, V>*>(dup)[w] = du;
   }
 }
 
-bool swiglu_dtype(torch::ScalarType t) {
-  return t == torch::kFloat || t == torch::kBFloat16 || t == torch::kHalf;
-}
-
 // Calls fn(E{}, std::integral_constant<int, V>{}) for dt, with V the elements of a 16-byte word when
 // `wide` (every pointer 16-byte aligned and n a whole number of words), else 1.
 template <typename Fn>
 void dispatch(torch::ScalarType dt, bool wide, Fn fn) {
-  auto with = [&](auto e) {
+  dispatch_float_types(dt, [&](auto e) {
     using E = decltype(e);
     constexpr int kWide = 16 / static_cast<int>(sizeof(E));
     if (wide) fn(e, std::integral_constant<int, kWide>{});
     else fn(e, std::integral_constant<int, 1>{});
-  };
-  if (dt == torch::kFloat) with(float{});
-  else if (dt == torch::kBFloat16) with(c10::BFloat16{});
-  else with(c10::Half{});
+  });
 }
 
 // Whether n elements of dt at these pointers go 16 bytes at a time.
@@ -125,7 +117,7 @@ void check_gate(const torch::Tensor& gate) {
 
 }  // namespace
 
-bool swiglu_supported(torch::ScalarType dtype) { return swiglu_dtype(dtype); }
+bool swiglu_supported(torch::ScalarType dtype) { return float_type(dtype); }
 
 torch::Tensor swiglu_forward(const torch::Tensor& gate, const torch::Tensor& up) {
   check_gate(gate);
