@@ -2,7 +2,9 @@
 // logits, every per-layer tensor distillation reads, token NLL and greedy generation; and the KV-cache
 // decode path against the full forward.
 #include <filesystem>
+#include <tuple>
 
+#include "compat/torch_compat.h"
 #include "eval/perplexity.h"
 #include "infer/generate.h"
 #include "io/atomic_file.h"
@@ -138,6 +140,79 @@ TEST(Llama, DecodeWithCacheEqualsFullForward) {
   // Restore the snapshot: the same continuation again.
   auto again = model->forward(ids.narrow(1, 7, 12), &snapshot);
   EXPECT_LT(test::rel_err(again, full.narrow(1, 7, 12)), 1e-5);
+}
+
+// Attention with grouped KV heads (each KV head read by H / Hkv query heads, no copy) against fp64 scores with
+// the heads spread, on the CPU and, where there is one, the GPU (flash in bf16): a whole causal sequence, one
+// query over a cache, a block of queries over a longer cache (the bottom-right causal mask), no mask.
+TEST(Llama, GroupedAttentionMatchesSpreadHeads) {
+  std::vector<torch::Device> devices{torch::kCPU};
+  if (torch::cuda::is_available()) devices.push_back(torch::kCUDA);
+  torch::manual_seed(7);
+  const int64_t B = 2, H = 6, hkv = 2, D = 16;
+  for (const auto device : devices)
+    for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+      if (dt == torch::kBFloat16 && device.is_cpu()) continue;
+      for (auto [tq, tk, causal] : std::vector<std::tuple<int64_t, int64_t, bool>>{
+               {9, 9, true}, {1, 9, true}, {4, 9, true}, {5, 7, false}}) {
+        auto opts = torch::TensorOptions().device(device).dtype(dt);
+        auto q = torch::randn({B, H, tq, D}, opts), k = torch::randn({B, hkv, tk, D}, opts);
+        auto v = torch::randn({B, hkv, tk, D}, opts);
+        const double scale = 0.25;
+        auto got = compat::attention(q, k, v, causal, scale);
+        auto qd = q.to(torch::kCPU, torch::kDouble);
+        auto kd = repeat_kv(k.to(torch::kCPU, torch::kDouble), H / hkv);
+        auto vd = repeat_kv(v.to(torch::kCPU, torch::kDouble), H / hkv);
+        auto scores = torch::matmul(qd, kd.transpose(-2, -1)) * scale;  // [B,H,Tq,Tk]
+        if (causal) {
+          auto visible = torch::ones({tq, tk}, torch::kBool).tril(tk - tq);
+          scores = scores.masked_fill(visible.logical_not(), -INFINITY);
+        }
+        auto want = torch::matmul(torch::softmax(scores, -1), vd);
+        const double err = test::rel_err(got.to(torch::kCPU, torch::kDouble), want);
+        std::printf("[grouped attention] %s %s Tq=%ld Tk=%ld%s: %.1e\n", device.is_cpu() ? "cpu" : "cuda",
+                    dt == torch::kFloat ? "fp32" : "bf16", static_cast<long>(tq), static_cast<long>(tk),
+                    causal ? " causal" : "", err);
+        EXPECT_LT(err, dt == torch::kFloat ? 1e-5 : 1e-2) << tq << " " << tk;
+      }
+    }
+}
+
+// The KV cache is appended to in place (its storage stays while it has room, then grows by a block and keeps
+// its entries), and a state and its snapshot stay each their own: the snapshot decodes other tokens into the
+// entries the state has already filled, then both go on and each gives the full forward's logits of its tokens.
+TEST(Llama, KvCacheGrowsInPlaceAndKeepsSnapshots) {
+  torch::manual_seed(2);
+  LlamaConfig c;
+  c.vocab_size = 53; c.hidden_size = 32; c.intermediate_size = 48; c.num_hidden_layers = 2;
+  c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8; c.rope_theta = 1e4;
+  CausalLM model(c);
+  init_weights_normal(*model, 0.2);
+  torch::NoGradGuard ng;
+  const int64_t T = 262, fork = 251;
+  auto ids = torch::randint(0, c.vocab_size, {2, T}, torch::kLong);
+  auto other = ids.clone();
+  other.narrow(1, fork, T - fork).random_(0, c.vocab_size);
+  auto decode = [&](ModelState& st, const torch::Tensor& tokens, int64_t from, int64_t to) {
+    std::vector<torch::Tensor> steps;
+    for (int64_t t = from; t < to; ++t) steps.push_back(model->forward(tokens.narrow(1, t, 1), &st));
+    return torch::cat(steps, 1);
+  };
+  ModelState st = model->new_state();
+  model->forward(ids.narrow(1, 0, 248), &st);
+  ASSERT_EQ(st[1].get("k").size(2), 256) << "capacity: whole blocks of 256 entries";
+  const void* storage = st[1].get("k").data_ptr();
+  auto first = decode(st, ids, 248, fork);
+  EXPECT_EQ(st[1].get("k").data_ptr(), storage) << "a step with room left copied the cache";
+  ModelState snapshot = st;  // at position `fork`
+  auto mine = decode(st, ids, fork, 254);
+  auto theirs = decode(snapshot, other, fork, 254);  // into the entries st has filled, were they shared
+  mine = torch::cat({first, mine, decode(st, ids, 254, T)}, 1);
+  theirs = torch::cat({theirs, decode(snapshot, other, 254, T)}, 1);
+  EXPECT_EQ(st[1].get("k").size(2), 512);
+  EXPECT_EQ(st[1].position, T);
+  EXPECT_LT(test::rel_err(mine, model->forward(ids).narrow(1, 248, T - 248)), 1e-5);
+  EXPECT_LT(test::rel_err(theirs, model->forward(other).narrow(1, fork, T - fork)), 1e-5);
 }
 
 // Activation recomputation changes memory, not numbers: the loss and every gradient equal those of a

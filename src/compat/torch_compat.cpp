@@ -9,7 +9,10 @@ namespace linearize::compat {
 
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double scale) {
-  const int64_t tq = q.size(2), tk = k.size(2);
+  const int64_t B = q.size(0), H = q.size(1), tq = q.size(2), D = q.size(3), hkv = k.size(1), tk = k.size(2);
+  TORCH_CHECK(hkv > 0 && H % hkv == 0 && v.size(1) == hkv, "attention: ", H, " query heads cannot share ", hkv,
+              " key and ", v.size(1), " value heads");
+  const int64_t groups = H / hkv;
   // Keys visible to query i: 0 .. i + offset (bottom-right aligned causal mask, as a KV cache needs).
   const int64_t offset = tk - tq;
   torch::Tensor mask;  // true = attend
@@ -17,16 +20,24 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     mask = torch::ones({tq, tk}, q.options().dtype(torch::kBool)).tril(offset);
   }
 #if TORCH_VERSION_MAJOR >= 2
+  // Flash takes grouped heads but no mask; with a mask the other kernels want the heads spread.
   if (causal && tq == tk) {
-    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale);
+    return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, groups > 1);
   }
-  if (mask.defined()) return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale);
-  return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale);
+  if (!mask.defined()) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale, groups > 1);
+  auto spread = [&](const torch::Tensor& x) {
+    return groups == 1 ? x : x.unsqueeze(2).expand({B, hkv, groups, tk, D}).reshape({B, H, tk, D});
+  };
+  return at::scaled_dot_product_attention(q, spread(k), spread(v), mask, 0.0, false, scale);
 #else
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) * scale;  // [B,H,Tq,Tk]
-  if (mask.defined()) scores = scores.masked_fill(mask.logical_not(), -INFINITY);
+  // The G query heads of a KV head as one [G*Tq, D] block against its keys: no copy of the KV heads.
+  auto qg = q.reshape({B, hkv, groups * tq, D});
+  auto scores = torch::matmul(qg, k.transpose(-2, -1)) * scale;  // [B,Hkv,G*Tq,Tk]
+  if (mask.defined()) {
+    scores = scores.view({B, hkv, groups, tq, tk}).masked_fill(mask.logical_not(), -INFINITY).view_as(scores);
+  }
   auto probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  return torch::matmul(probs, v);  // [B,H,Tq,D]
+  return torch::matmul(probs, v).view({B, H, tq, D});  // [B,Hkv,G*Tq,D] -> [B,H,Tq,D]
 #endif
 }
 

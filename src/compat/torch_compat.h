@@ -21,9 +21,11 @@ using CommBackend = c10d::Backend;
 using CommBackend = c10d::ProcessGroup;
 #endif
 
-// Causal (or masked) softmax attention. q [B,H,Tq,D], k/v [B,H,Tk,D] (same head count: repeat KV
-// heads before calling). When causal, query i attends to keys 0 .. i + (Tk - Tq).
-// Uses scaled_dot_product_attention on torch 2 (flash/efficient kernels on CUDA), else matmul-softmax.
+// Causal (or unmasked) softmax attention. q [B,H,Tq,D], k/v [B,Hkv,Tk,D] with H a multiple of Hkv: query
+// head h reads KV head h / (H / Hkv) (HF repeat_kv order), without the KV heads being copied where the
+// backend allows. When causal, query i attends to keys 0 .. i + (Tk - Tq).
+// Uses scaled_dot_product_attention on torch 2 (flash kernels on CUDA, grouped heads included when no mask is
+// needed), else matmul-softmax over the grouped heads.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double scale);
 

@@ -1,8 +1,9 @@
 // Per-layer decoding state of a token mixer: the teacher's KV cache, or a student mixer's conv buffers
 // and matrix state. A state is a small dictionary of tensors plus the number of tokens it has seen.
 //
-// Mixers never modify a state's tensors in place; they replace them. So copying a LayerState (or a
-// whole ModelState) is a cheap, exact snapshot that can be restored later (chat turns, NIAH prefixes).
+// Copying a LayerState (or a whole ModelState) is a cheap, exact snapshot that can be restored later (chat
+// turns, NIAH prefixes): mixers replace a state's tensors rather than modify them, except where the tensor is
+// theirs alone (the teacher's KV cache is appended to in place while no snapshot shares it).
 #pragma once
 #include <torch/torch.h>
 

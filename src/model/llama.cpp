@@ -98,6 +98,40 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {
   return x.unsqueeze(2).expand({B, Hkv, groups, T, D}).reshape({B, Hkv * groups, T, D});
 }
 
+namespace {
+
+// The KV cache grows in blocks of this many tokens: a copy of the cache every 256 decoding steps, and at most
+// 255 slots held unused.
+constexpr int64_t kCacheBlock = 256;
+
+// Writes x [B,Hkv,T,D] (this call's keys or values) at entry `start` of the layer's cache `name` and returns
+// entries 0 .. start+T. The cache is [B,Hkv,capacity,D] with its first `start` entries valid (llama.h). It is
+// written in place unless a snapshot of the state holds it too (layer_state.h promises snapshots stay as they
+// were) or autograd records x, and is copied into a larger one when full.
+torch::Tensor append_to_cache(LayerState& state, const std::string& name, const torch::Tensor& x, int64_t start) {
+  const int64_t T = x.size(2), end = start + T;
+  auto& cache = state.tensors[name];
+  if (start == 0) cache = torch::Tensor();
+  if (cache.defined() && cache.size(2) < start)
+    throw std::invalid_argument("KV cache " + name + " holds " + std::to_string(cache.size(2)) +
+                                " entries but the state is at position " + std::to_string(start));
+  if (torch::GradMode::is_enabled() && x.requires_grad()) {  // keep the graph: no in-place writes
+    cache = cache.defined() ? torch::cat({cache.narrow(2, 0, start), x}, 2) : x;
+    return cache;
+  }
+  const bool shared = cache.defined() && (cache.use_count() > 1 || cache.storage().use_count() > 1);
+  if (!cache.defined() || shared || cache.size(2) < end || cache.scalar_type() != x.scalar_type()) {
+    const int64_t capacity = (end + kCacheBlock - 1) / kCacheBlock * kCacheBlock;
+    auto grown = torch::empty({x.size(0), x.size(1), capacity, x.size(3)}, x.options());
+    if (start > 0) grown.narrow(2, 0, start).copy_(cache.narrow(2, 0, start));
+    cache = grown;
+  }
+  cache.narrow(2, start, T).copy_(x);
+  return cache.narrow(2, 0, end);
+}
+
+}  // namespace
+
 LlamaAttention::LlamaAttention(const LlamaConfig& c)
     : num_heads(c.num_attention_heads),
       num_kv_heads(c.num_key_value_heads),
@@ -121,17 +155,11 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state)
   q = rotary_.apply(q, start);
   k = rotary_.apply(k, start);
   if (state) {
-    if (state->has("k")) {
-      k = torch::cat({state->get("k"), k}, 2);  // [B,Hkv,start+T,D]
-      v = torch::cat({state->get("v"), v}, 2);
-    }
-    state->tensors["k"] = k;
-    state->tensors["v"] = v;
+    k = append_to_cache(*state, "k", k, start);  // [B,Hkv,start+T,D]
+    v = append_to_cache(*state, "v", v, start);
     state->position = start + T;
   }
-  const int64_t groups = num_heads / num_kv_heads;
-  auto o = compat::attention(q, repeat_kv(k, groups), repeat_kv(v, groups), /*causal=*/true,
-                             1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B,H,T,D]
+  auto o = compat::attention(q, k, v, /*causal=*/true, 1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B,H,T,D]
   return o_proj(o.transpose(1, 2).reshape({B, T, num_heads * head_dim}));
 }
 

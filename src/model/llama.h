@@ -47,6 +47,9 @@ class Rotary {
 // Query head h reads KV head h / groups (HF repeat_kv).
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups);
 
+// Decoding state: the KV cache, tensors "k" and "v" [B, Hkv, capacity, head_dim], of which the first
+// `position` entries are valid; it grows in blocks of 256 entries and is written in place unless a snapshot
+// shares it.
 class LlamaAttention : public TokenMixer {
  public:
   explicit LlamaAttention(const LlamaConfig& c);

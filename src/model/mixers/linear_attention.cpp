@@ -1,6 +1,7 @@
 // Linear Attention layer (see linear_attention.h). Order: parameterisation, recurrent step, chunked form.
 //
-//   q = φ_q(split(q_proj x)) [B,T,H,Kf];  k = φ_k(repeat(split(k_proj x))) [B,T,H,Kf];  v [B,T,H,Dv]
+//   q = φ_q(split(q_proj x)) [B,T,H,Kf];  k = repeat(φ_k(split(k_proj x))) [B,T,H,Kf] (a decode step reads the
+//   Hkv heads);  v [B,T,H,Dv]
 //   S_t = S_{t-1} + k_t v_t^T;  o_t = S_t^T (s q_t);  y = o_proj(norm(o))
 #include "model/mixers/linear_attention.h"
 
@@ -63,9 +64,12 @@ LinearAttention::LinearAttention(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor LinearAttention::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, G = H / config.kv_heads();
   const mixers::MixerStep step(state, T);
-  auto q = feature_map_q(mixers::split_heads(q_proj(x), H));                                       // [B,T,H,Kf]
-  auto k = feature_map_k(mixers::repeat_heads(mixers::split_heads(k_proj(x), config.kv_heads()), G));  // [B,T,H,Kf]
-  auto v = mixers::repeat_heads(mixers::split_heads(v_proj(x), config.kv_heads()), G);                 // [B,T,H,Dv]
+  // One feature map serves every head, so it runs on the Hkv shared heads before they are spread; a decode step
+  // reads them where they are (gla_recurrent's grouped KV heads).
+  const int64_t spread = step.decode ? 1 : G;
+  auto q = feature_map_q(mixers::split_heads(q_proj(x), H));                                        // [B,T,H,Kf]
+  auto k = mixers::repeat_heads(feature_map_k(mixers::split_heads(k_proj(x), config.kv_heads())), spread);
+  auto v = mixers::repeat_heads(mixers::split_heads(v_proj(x), config.kv_heads()), spread);  // [B,T,H,Kf], [B,T,H,Dv]
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
