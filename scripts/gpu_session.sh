@@ -30,6 +30,10 @@ export LD_LIBRARY_PATH=$P/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-} TORCH_CUDA_A
 export LINEARIZE_SHARED=$PWD/.device/shared
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 start=$(date +%s)
+if [ -f build-gpu/variant-files.txt ]; then
+  sort -u build-gpu/variant-files.txt | while read -r f; do [ ! -e "$f" ] || touch "$f"; done
+  rm -f build-gpu/variant-files.txt
+fi
 if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
          -DCMAKE_CUDA_ARCHITECTURES=90a \
          -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)');$P" &&
@@ -98,8 +102,14 @@ run_variants() {
       echo "-- $name: build failed"; grep -E "error" "$OUT/variant-$name.build.log" | head -20
     fi
     apply_patch revert "$p"
+    patch_files "$p" >> build-gpu/variant-files.txt
   done
 }
+
+# The files a patch changes. After a variant, build-gpu holds objects built from them as patched; the next
+# call's copy of the working tree gives them back their older times, so the start of the script touches
+# them (variant-files.txt) or the build would keep the variant's objects.
+patch_files() { grep -E '^(\+\+\+|---) [ab]/' "$1" | sed -E 's#^(\+\+\+|---) [ab]/##' | sort -u; }
 left=$#  # steps still to run, counting the current one
 for step in "$@"; do
   t0=$(date +%s)
@@ -126,7 +136,8 @@ for step in "$@"; do
     launch) bench/gpu/launch_overhead.sh build-gpu .device/shared/data/tokenizers/smollm2-tokenizer.json \
               .device/shared/data/corpus/tinystories_val.txt /tmp/launch_work > "$OUT/launch.log" 2>&1; cat "$OUT/launch.log" | tail -8 ;;
     variants) run_variants  # then the unpatched build again, for the steps after it only (a call's time is short)
-              [ "$left" = 0 ] || cmake --build build-gpu -j"$(nproc)" > "$OUT/variants-rebuild.log" 2>&1 ;;
+              [ "$left" = 0 ] || { cmake --build build-gpu -j"$(nproc)" > "$OUT/variants-rebuild.log" 2>&1 &&
+                                  rm -f build-gpu/variant-files.txt; } ;;
     *) echo "unknown step $step" ;;
   esac
   echo "== $step: $(( $(date +%s) - t0 )) s"
