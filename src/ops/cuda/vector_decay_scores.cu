@@ -114,14 +114,22 @@ struct Chunk {
 template <typename E>
 __device__ void load_chunk(E* sq, E* sk, float* sG, float* totals, const E* __restrict__ q,
                            const E* __restrict__ k, const float* __restrict__ g, const Chunk& at) {
+  // Every global load of the chunk is issued before the first store to shared memory waits on one.
+  constexpr int kGWords = kC * kD / 4 / kThreads;  // g's 16-byte words a thread
+  static_assert(kGWords * kThreads * 4 == kC * kD, "g's words split evenly over the threads");
   RowPrefetch<kD, E> rq, rk;
   rq.fetch(q + at.head, at.stride, at.t0, at.T), rk.fetch(k + at.head, at.stride, at.t0, at.T);
+  float4 gw[kGWords];
+#pragma unroll
+  for (int j = 0; j < kGWords; ++j) {
+    const int i = threadIdx.x + j * kThreads, r = i / (kD / 4), c = (i % (kD / 4)) * 4;
+    gw[j] = at.live(r) ? *reinterpret_cast<const float4*>(g + at.row(r) + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   rq.put(sq, Pads::ld), rk.put(sk, Pads::ld);
-  for (int i = threadIdx.x; i < kC * kD / 4; i += kThreads) {
-    const int r = i / (kD / 4), c = (i % (kD / 4)) * 4;
-    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (at.live(r)) x = *reinterpret_cast<const float4*>(g + at.row(r) + c);
-    *reinterpret_cast<float4*>(sG + r * Pads::ld32 + c) = x;
+#pragma unroll
+  for (int j = 0; j < kGWords; ++j) {
+    const int i = threadIdx.x + j * kThreads, r = i / (kD / 4), c = (i % (kD / 4)) * 4;
+    *reinterpret_cast<float4*>(sG + r * Pads::ld32 + c) = gw[j];
   }
   __syncthreads();
   const int I = threadIdx.x / kD, d = threadIdx.x % kD, r0 = I * kSub;
