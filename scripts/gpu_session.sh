@@ -116,8 +116,10 @@ for step in "$@"; do
   left=$((left - 1))
   case $step in
     tests) (cd build-gpu && ctest -L cuda --output-on-failure -V) > "$OUT/tests.log" 2>&1
-           build-gpu/linearize_tests --gtest_filter='OpsGolden.*:MixerGolden.*:LlamaGolden.*:Llama.*:Cuda*' >> "$OUT/tests.log" 2>&1
-           grep -E "^\[(cuda|golden|grouped)|tests passed|FAILED|PASSED|Failure|Expected|Which is" "$OUT/tests.log" | head -80 ;;
+           build-gpu/linearize_tests --gtest_filter='OpsGolden.*:MixerGolden.*:LlamaGolden.*:Llama.*:Cuda*' \
+             >> "$OUT/tests.log" 2>&1
+           grep -E "^\[(cuda|golden|grouped)|tests passed|FAILED|PASSED|Failure|Expected|Which is" "$OUT/tests.log" |
+             head -80 ;;
     bench-ops) ops_bench "$OUT/bench-ops" ;;
     bench-train) train_bench "$OUT/bench-train" ;;
     bench-decode) decode_bench "$OUT/bench-decode" ;;
