@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "compat/torch_compat.h"
+#include "io/error.h"
 #include "ops/ops.h"
 
 namespace linearize {
@@ -113,7 +114,7 @@ torch::Tensor append_to_cache(LayerState& state, const std::string& name, const 
   auto& cache = state.tensors[name];
   if (start == 0) cache = torch::Tensor();
   if (cache.defined() && cache.size(2) < start)
-    throw std::invalid_argument("KV cache " + name + " holds " + std::to_string(cache.size(2)) +
+    throw Error("KV cache " + name + " holds " + std::to_string(cache.size(2)) +
                                 " entries but the state is at position " + std::to_string(start));
   if (torch::GradMode::is_enabled() && x.requires_grad()) {  // keep the graph: no in-place writes
     cache = cache.defined() ? torch::cat({cache.narrow(2, 0, start), x}, 2) : x;
