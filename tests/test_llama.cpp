@@ -183,9 +183,7 @@ TEST(Llama, GroupedAttentionMatchesSpreadHeads) {
 // entries the state has already filled, then both go on and each gives the full forward's logits of its tokens.
 TEST(Llama, KvCacheGrowsInPlaceAndKeepsSnapshots) {
   torch::manual_seed(2);
-  LlamaConfig c;
-  c.vocab_size = 53; c.hidden_size = 32; c.intermediate_size = 48; c.num_hidden_layers = 2;
-  c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8; c.rope_theta = 1e4;
+  const LlamaConfig c = test::small_llama(53, 32, 2, 4, 2, 48);  // head size 8, 2 KV heads for 4
   CausalLM model(c);
   init_weights_normal(*model, 0.2);
   torch::NoGradGuard ng;
