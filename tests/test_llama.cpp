@@ -144,36 +144,43 @@ TEST(Llama, DecodeWithCacheEqualsFullForward) {
 
 // Attention with grouped KV heads (each KV head read by H / Hkv query heads, no copy) against fp64 scores with
 // the heads spread, on the CPU and, where there is one, the GPU (flash in bf16): a whole causal sequence, one
-// query over a cache, a block of queries over a longer cache (the bottom-right causal mask), no mask.
+// query over a cache, a block of queries over a longer cache (the bottom-right causal mask), no mask, and an
+// explicit mask of packed documents (causal within each, rows packed differently).
 TEST(Llama, GroupedAttentionMatchesSpreadHeads) {
   std::vector<torch::Device> devices{torch::kCPU};
   if (torch::cuda::is_available()) devices.push_back(torch::kCUDA);
   torch::manual_seed(7);
   const int64_t B = 2, H = 6, hkv = 2, D = 16;
+  enum Mask { kNone, kCausal, kPacked };
   for (const auto device : devices)
     for (auto dt : {torch::kFloat, torch::kBFloat16}) {
       if (dt == torch::kBFloat16 && device.is_cpu()) continue;
-      for (auto [tq, tk, causal] : std::vector<std::tuple<int64_t, int64_t, bool>>{
-               {9, 9, true}, {1, 9, true}, {4, 9, true}, {5, 7, false}}) {
+      for (auto [tq, tk, kind] : std::vector<std::tuple<int64_t, int64_t, Mask>>{
+               {9, 9, kCausal}, {1, 9, kCausal}, {4, 9, kCausal}, {5, 7, kNone}, {9, 9, kPacked}}) {
         auto opts = torch::TensorOptions().device(device).dtype(dt);
         auto q = torch::randn({B, H, tq, D}, opts), k = torch::randn({B, hkv, tk, D}, opts);
         auto v = torch::randn({B, hkv, tk, D}, opts);
         const double scale = 0.25;
-        auto got = compat::attention(q, k, v, causal, scale);
+        torch::Tensor visible;  // [B or 1, 1, Tq, Tk], true = attend
+        if (kind == kCausal) visible = torch::ones({1, 1, tq, tk}, torch::kBool).tril(tk - tq);
+        if (kind == kPacked) {  // documents [0,4) [4,9) in row 0, [0,2) [2,7) [7,9) in row 1
+          auto doc = torch::tensor({0, 0, 0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 2, 2}, torch::kLong).view({B, tq});
+          visible = doc.unsqueeze(2).eq(doc.unsqueeze(1)).logical_and(torch::ones({tq, tk}, torch::kBool).tril())
+                        .unsqueeze(1);
+        }
+        auto got = kind == kPacked ? compat::attention(q, k, v, visible.to(device), scale)
+                                   : compat::attention(q, k, v, kind == kCausal, scale);
         auto qd = q.to(torch::kCPU, torch::kDouble);
         auto kd = repeat_kv(k.to(torch::kCPU, torch::kDouble), H / hkv);
         auto vd = repeat_kv(v.to(torch::kCPU, torch::kDouble), H / hkv);
         auto scores = torch::matmul(qd, kd.transpose(-2, -1)) * scale;  // [B,H,Tq,Tk]
-        if (causal) {
-          auto visible = torch::ones({tq, tk}, torch::kBool).tril(tk - tq);
-          scores = scores.masked_fill(visible.logical_not(), -INFINITY);
-        }
+        if (visible.defined()) scores = scores.masked_fill(visible.logical_not(), -INFINITY);
         auto want = torch::matmul(torch::softmax(scores, -1), vd);
         const double err = test::rel_err(got.to(torch::kCPU, torch::kDouble), want);
         std::printf("[grouped attention] %s %s Tq=%ld Tk=%ld%s: %.1e\n", device.is_cpu() ? "cpu" : "cuda",
                     dt == torch::kFloat ? "fp32" : "bf16", static_cast<long>(tq), static_cast<long>(tk),
-                    causal ? " causal" : "", err);
-        EXPECT_LT(err, dt == torch::kFloat ? 1e-5 : 1e-2) << tq << " " << tk;
+                    kind == kCausal ? " causal" : kind == kPacked ? " packed" : "", err);
+        EXPECT_LT(err, dt == torch::kFloat ? 1e-5 : 1e-2) << tq << " " << tk << " " << kind;
       }
     }
 }

@@ -7,38 +7,59 @@
 
 namespace linearize::compat {
 
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                        bool causal, double scale) {
+namespace {
+
+// Softmax attention with grouped KV heads under `mask` (bool, true = attend, broadcastable to [B,1,Tq,Tk]; undefined:
+// every key), or causal (bottom-right aligned, flash on torch 2) when `causal` is set and no mask is given.
+torch::Tensor grouped_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                const torch::Tensor& mask, bool causal, double scale) {
   const int64_t B = q.size(0), H = q.size(1), tq = q.size(2), D = q.size(3), hkv = k.size(1), tk = k.size(2);
   TORCH_CHECK(hkv > 0 && H % hkv == 0 && v.size(1) == hkv, "attention: ", H, " query heads cannot share ", hkv,
               " key and ", v.size(1), " value heads");
+  TORCH_CHECK(!mask.defined() || (mask.scalar_type() == torch::kBool && mask.dim() == 4 &&
+                                   (mask.size(0) == 1 || mask.size(0) == B) && mask.size(1) == 1 &&
+                                   mask.size(2) == tq && mask.size(3) == tk),
+              "attention: expected a bool mask [", B, " or 1, 1, ", tq, ", ", tk, "], got ", mask.scalar_type(), " ",
+              mask.sizes());
   const int64_t groups = H / hkv;
-  // Keys visible to query i: 0 .. i + offset (bottom-right aligned causal mask, as a KV cache needs).
-  const int64_t offset = tk - tq;
-  torch::Tensor mask;  // true = attend
-  if (causal && tq > 1) {
-    mask = torch::ones({tq, tk}, q.options().dtype(torch::kBool)).tril(offset);
-  }
+  torch::Tensor visible = mask;  // [B or 1, 1, Tq, Tk], true = attend
+  // Keys visible to query i: 0 .. i + (Tk - Tq) (bottom-right aligned causal mask, as a KV cache needs).
+  if (!visible.defined() && causal && tq > 1)
+    visible = torch::ones({tq, tk}, q.options().dtype(torch::kBool)).tril(tk - tq).view({1, 1, tq, tk});
 #if TORCH_VERSION_MAJOR >= 2
   // Flash takes grouped heads but no mask; with a mask the other kernels want the heads spread.
-  if (causal && tq == tk) {
+  if (!mask.defined() && causal && tq == tk) {
     return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, groups > 1);
   }
-  if (!mask.defined()) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale, groups > 1);
+  if (!visible.defined()) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale, groups > 1);
   auto spread = [&](const torch::Tensor& x) {
     return groups == 1 ? x : x.unsqueeze(2).expand({B, hkv, groups, tk, D}).reshape({B, H, tk, D});
   };
-  return at::scaled_dot_product_attention(q, spread(k), spread(v), mask, 0.0, false, scale);
+  return at::scaled_dot_product_attention(q, spread(k), spread(v), visible, 0.0, false, scale);
 #else
   // The G query heads of a KV head as one [G*Tq, D] block against its keys: no copy of the KV heads.
   auto qg = q.reshape({B, hkv, groups * tq, D});
   auto scores = torch::matmul(qg, k.transpose(-2, -1)) * scale;  // [B,Hkv,G*Tq,Tk]
-  if (mask.defined()) {
-    scores = scores.view({B, hkv, groups, tq, tk}).masked_fill(mask.logical_not(), -INFINITY).view_as(scores);
+  if (visible.defined()) {
+    scores = scores.view({B, hkv, groups, tq, tk}).masked_fill(visible.unsqueeze(2).logical_not(), -INFINITY)
+                 .view_as(scores);
   }
   auto probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
   return torch::matmul(probs, v).view({B, H, tq, D});  // [B,Hkv,G*Tq,D] -> [B,H,Tq,D]
 #endif
+}
+
+}  // namespace
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        bool causal, double scale) {
+  return grouped_attention(q, k, v, torch::Tensor(), causal, scale);
+}
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& mask, double scale) {
+  TORCH_CHECK(mask.defined(), "attention: the mask is undefined");
+  return grouped_attention(q, k, v, mask, false, scale);
 }
 
 AutocastState autocast_state(torch::DeviceType device) {

@@ -28,6 +28,10 @@ using CommBackend = c10d::ProcessGroup;
 // needed), else matmul-softmax over the grouped heads.
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                         bool causal, double scale);
+// The same under an explicit mask: bool [B or 1, 1, Tq, Tk], true where query i may read key j (packed documents:
+// causal within each document). Every query must see at least one key.
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& mask, double scale);
 
 // Whether autocast is on for a device type, and its dtype (activation recomputation replays it).
 struct AutocastState {

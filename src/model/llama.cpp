@@ -184,14 +184,9 @@ torch::Tensor LlamaAttention::forward_packed(const torch::Tensor& x, const Packe
   auto v = v_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
   q = rotary_.apply_at(q, pos_t);
   k = rotary_.apply_at(k, pos_t);
-  const int64_t groups = num_heads / num_kv_heads;
   auto causal = torch::ones({T, T}, doc_t.options().dtype(torch::kBool)).tril();          // [T,T]
   auto mask = doc_t.unsqueeze(2).eq(doc_t.unsqueeze(1)).logical_and(causal).unsqueeze(1);  // [B,1,T,T]
-  auto scores = torch::matmul(q, repeat_kv(k, groups).transpose(-2, -1)) /
-                std::sqrt(static_cast<double>(head_dim));  // [B,H,T,T]
-  scores = scores.masked_fill(mask.logical_not(), -INFINITY);
-  auto probs = torch::softmax(scores, -1, torch::kFloat).to(q.scalar_type());
-  auto o = torch::matmul(probs, repeat_kv(v, groups));  // [B,H,T,D]
+  auto o = compat::attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B,H,T,D]
   return o_proj(o.transpose(1, 2).reshape({B, T, num_heads * head_dim}));
 }
 
