@@ -830,6 +830,71 @@ TEST(CudaOps, SwigluKernelMatchesFp64) {
 #endif
 }
 
+// The stage-3 loss kernels (ops/cuda/distill_loss.cu) through ops::distill_loss_terms: the per-token CE and KL
+// and the gradient of Σ dce ce + dkl kl in the student's logits against the formula in fp64 (beside the libtorch
+// formula's errors in the same dtype, where it runs), and the terms bit for bit what the kernel gives when called
+// directly. Cases: rows of whole 16-byte words and not, a row start off a 16-byte boundary, temperatures 1 and
+// not, a target ignored (-100) and the last word's.
+TEST(CudaOps, DistillLossKernelsMatchFp64) {
+  REQUIRE_KERNELS();
+#ifdef LINEARIZE_WITH_KERNELS
+  struct Case {
+    int64_t N, V;
+    torch::ScalarType dtype;
+    double T;
+    bool offset;  // the logits start one element into their storage
+  };
+  for (const Case& c : {Case{37, 1000, torch::kFloat, 1.0, false}, Case{20, 4104, torch::kBFloat16, 2.0, false},
+                       Case{9, 77, torch::kHalf, 1.5, false}, Case{6, 64, torch::kBFloat16, 1.0, true},
+                       Case{5, 300, torch::kFloat, 0.5, true}}) {
+    SCOPED_TRACE(std::string(c10::toString(c.dtype)) + " V=" + std::to_string(c.V) + (c.offset ? " offset" : ""));
+    torch::manual_seed(90 + c.V);
+    auto make = [&](double scale) {
+      auto x = (torch::randn({c.N * c.V + 1}, torch::kDouble) * scale).to(c.dtype).to(dev);
+      return (c.offset ? x.narrow(0, 1, c.N * c.V) : x.narrow(0, 0, c.N * c.V)).view({c.N, c.V});
+    };
+    auto s = make(3), t = make(3) + 0.5 * s;  // related, as a student's and its teacher's
+    auto y = torch::randint(0, c.V, {c.N}, torch::kLong);
+    y[1] = -100, y[2] = c.V - 1;
+    y = y.to(dev);
+    auto dce = torch::rand({c.N}).to(dev), dkl = torch::rand({c.N}).to(dev);
+
+    // fp64: ce = lse(s) - s[y] (0 where ignored), kl = Σ p_t (log p_t - log p_s) at T.
+    auto s64 = s.cpu().to(torch::kDouble).requires_grad_(true), t64 = t.cpu().to(torch::kDouble);
+    auto y64 = y.cpu();
+    auto valid = y64.ge(0);
+    auto ce64 = torch::where(valid, s64.logsumexp(-1) - s64.gather(1, y64.clamp_min(0).unsqueeze(1)).squeeze(1),
+                             torch::zeros({c.N}, torch::kDouble));
+    auto lp_s = torch::log_softmax(s64 / c.T, -1), lp_t = torch::log_softmax(t64 / c.T, -1);
+    auto kl64 = (lp_t.exp() * (lp_t - lp_s)).sum(-1);
+    torch::autograd::backward({ce64, kl64}, {dce.cpu().to(torch::kDouble), dkl.cpu().to(torch::kDouble)});
+
+    auto run = [&](bool fused) {
+      ops::set_fused_kernels(fused);
+      auto sv = s.detach().requires_grad_(true);  // at its offset
+      auto r = ops::distill_loss_terms(sv, t, y, c.T);
+      torch::autograd::backward({r.ce, r.kl}, {dce, dkl});
+      ops::set_fused_kernels(true);
+      return std::make_tuple(r.ce.detach(), r.kl.detach(), sv.grad());
+    };
+    const auto [ce, kl, ds] = run(true);
+    EXPECT_EQ(ds.scalar_type(), c.dtype);
+    EXPECT_TRUE(torch::equal(ce, ops::cuda_kernels::distill_loss_forward(s.contiguous(), t, y, c.T).ce))
+        << "ops did not run the kernel";
+    EXPECT_EQ(ce[1].item<float>(), 0.f) << "the ignored target's term";
+    const double bound = c.dtype == torch::kFloat ? 1e-5 : c.dtype == torch::kHalf ? 2e-3 : 1e-2;
+    torch::Tensor fce, fkl, fds;  // the formula's, where it runs
+    if (has_plain_form(kernels, c.dtype)) std::tie(fce, fkl, fds) = run(false);
+    // The terms are fp32 sums of the logits as given (exact in fp32 whatever their dtype): fp32's bound.
+    const std::string line = expect_near_fp64({{"ce", ce, ce64.detach(), fce, 1e-5},
+                                               {"kl", kl, kl64.detach(), fkl, 1e-5},
+                                               {"ds", ds, s64.grad(), fds, bound}});
+    std::printf("[cuda-distill-loss] %s N=%ld V=%ld T=%.1f%s:%s\n", c10::toString(c.dtype), static_cast<long>(c.N),
+                static_cast<long>(c.V), c.T, c.offset ? " offset" : "", line.c_str());
+  }
+#endif
+}
+
 // The short-convolution kernels (ops/cuda/short_conv.cu) through ops::short_conv: y, the cache and the
 // gradients of x, the weight and the bias against the formula in fp64 (with the weight and bias rounded to
 // x's dtype, as the formula takes them), beside the libtorch formula's errors in the same dtypes where it

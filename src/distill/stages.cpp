@@ -9,6 +9,7 @@
 #include "model/mixers/mixer_config.h"
 #include "model/model_io.h"
 #include "model/student.h"
+#include "ops/ops.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
 
@@ -60,16 +61,14 @@ std::vector<std::pair<std::string, torch::Tensor>> params_with_prefix(torch::nn:
 torch::Tensor stage3_loss(const DistillOptions& o, const torch::Tensor& s_logits, const torch::Tensor& t_logits,
                           const torch::Tensor& targets) {
   const int64_t V = s_logits.size(-1);
-  auto s = s_logits.to(torch::kFloat).reshape({-1, V});
-  auto t = t_logits.to(torch::kFloat).reshape({-1, V});
-  auto ce = torch::nn::functional::cross_entropy(s, targets.reshape({-1}));
+  auto y = targets.reshape({-1});
+  auto terms = ops::distill_loss_terms(s_logits.reshape({-1, V}), t_logits.reshape({-1, V}), y, o.kl_temperature);
+  // cross_entropy's mean: over the targets it does not ignore (those in [0, V)).
+  auto ce = terms.ce.sum() / y.ge(0).logical_and(y.lt(V)).sum().to(torch::kFloat);
   const double T = o.kl_temperature;
-  auto log_p_s = torch::log_softmax(s / T, -1);
-  auto log_p_t = torch::log_softmax(t / T, -1);
-  auto kl_tok = (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1);  // [B*T] KL(teacher || student)
   torch::Tensor kl;
-  if (o.kl_reduction == "batchmean") kl = kl_tok.sum() / static_cast<double>(s_logits.size(0));
-  else kl = kl_tok.mean() * (T * T);
+  if (o.kl_reduction == "batchmean") kl = terms.kl.sum() / static_cast<double>(s_logits.size(0));
+  else kl = terms.kl.mean() * (T * T);
   return o.ce_weight * ce + o.kl_weight * kl;
 }
 

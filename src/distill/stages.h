@@ -58,7 +58,8 @@ struct DistillResult {
 DistillResult distill(const DistillOptions& options);
 
 // Stage 3's loss: ce_weight * CE(next token) + kl_weight * KL(teacher || student) at o.kl_temperature,
-// reduced as o.kl_reduction says; logits [B, T, V] (any float dtype, computed in fp32), targets [B, T].
+// reduced as o.kl_reduction says; logits [B, T, V] (any float dtype, computed in fp32), targets [B, T] (those
+// outside [0, V) ignored). The per-token terms come from ops::distill_loss_terms (one kernel each way on a GPU).
 torch::Tensor stage3_loss(const DistillOptions& o, const torch::Tensor& s_logits, const torch::Tensor& t_logits,
                           const torch::Tensor& targets);
 

@@ -108,4 +108,17 @@ ShortConvResult short_conv(const torch::Tensor& x, const torch::Tensor& weight, 
 // On a kernel device one kernel each way (ops/cuda/softplus_decay.cu); elsewhere the formula.
 torch::Tensor softplus_decay(const torch::Tensor& f, const torch::Tensor& dt_bias, const torch::Tensor& A_log);
 
+// ---- Stage-3 distillation's per-token terms (ops/distill_loss.cpp) ---------------------------------------
+// Student logits s and teacher logits t [N, V], targets [N] (int64), temperature T > 0; in fp32 [N]:
+//   ce[i] = logsumexp(s_i) - s_i[y_i]   (0 where y_i is outside [0, V), as cross_entropy's ignored targets)
+//   kl[i] = KL(softmax(t_i / T) || softmax(s_i / T))
+// differentiable in s (t must not need a gradient for the kernels; otherwise the formula runs). On a kernel
+// device (ops/cuda/distill_loss.cu) one pass over s and t each way, keeping three numbers a row for the
+// backward, which writes the gradient in s's dtype; elsewhere the libtorch formula in fp32.
+struct DistillTerms {
+  torch::Tensor ce, kl;
+};
+DistillTerms distill_loss_terms(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& targets,
+                                double temperature);
+
 }  // namespace linearize::ops

@@ -308,6 +308,21 @@ struct SwigluGrads {
 };
 SwigluGrads swiglu_backward(const torch::Tensor& gate, const torch::Tensor& up, const torch::Tensor& dz);
 
+// The per-token terms of stage-3 distillation (ops/cuda/distill_loss.cu): student logits s and teacher logits t
+// [N, V] of one dtype (fp32, bf16 or fp16), targets y [N] int64, all contiguous on one device, temperature T > 0:
+//   ce[i] = lse(s_i) - s_i[y_i] (0 where y_i is outside [0, V)),   kl[i] = KL(softmax(t_i / T) || softmax(s_i / T))
+// fp32 [N], with lse [3, N] fp32 (lse(s), lse(s/T), lse(t/T)) for the backward.
+bool distill_loss_supported(torch::ScalarType dtype);
+struct DistillLossForward {
+  torch::Tensor ce, kl, lse;
+};
+DistillLossForward distill_loss_forward(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& y,
+                                        double temperature);
+// The gradient of Σ_i dce[i] ce[i] + dkl[i] kl[i] in s (s's dtype), given dce, dkl [N] fp32 and the forward's lse.
+torch::Tensor distill_loss_backward(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& y,
+                                    const torch::Tensor& lse, const torch::Tensor& dce, const torch::Tensor& dkl,
+                                    double temperature);
+
 // The mixers' short convolutions (ops/cuda/short_conv.cu): over x̃ = [prefix; x] along time,
 //   y[b, t, c] = act(bias[c] + Σ_{i < W} w[c, i] x̃[b, t + i, c]),   act = silu or none
 // with w and bias rounded to x's dtype, the sum in fp32 and its result rounded before the silu, as the

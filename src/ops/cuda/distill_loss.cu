@@ -1,0 +1,258 @@
+// The per-token terms of stage-3 distillation over the vocabulary (see kernels.h for the contract), one
+// thread block a row of student logits s and teacher logits t, with temperature T:
+//   ce  = lse(s) - s[y]
+//   kl  = KL(softmax(t/T) || softmax(s/T)) = Σ_j p_j (t_j - s_j) / T - lse(t/T) + lse(s/T),   p = softmax(t/T)
+// Forward, one pass over the row: each thread keeps running maxima and sums of exponentials (rescaled when
+// its maximum grows) for s, s/T and t/T, and for t/T also Σ e^{t_j/T - m} (t_j - s_j) / T; the block then
+// merges the threads' partial sums. It keeps the three logsumexps [3, N] for the backward:
+//   ds_j = dce (e^{s_j - lse(s)} - [j = y]) + dkl / T (e^{s_j/T - lse(s/T)} - e^{t_j/T - lse(t/T)})
+// written in s's dtype. The libtorch formula (casts to fp32, log_softmax of both, their difference, the
+// product and the sum, then as many passes back) reads and writes [N, V] fp32 tensors some twenty times and
+// keeps several of them for the backward: at SmolLM2's 49152 words and 8192 tokens each is 1.6 GB. These
+// kernels read s and t once each way and keep nothing of that size.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cfloat>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "ops/cuda/elementwise.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// V elements of E that load as one 16-byte word (V = 1: one element).
+template <typename E, int V>
+struct alignas(V == 1 ? alignof(E) : 16) Word {
+  E x[V];
+};
+
+// A running sum of exponentials e^{x - m} with its maximum m (m starts at -FLT_MAX: e^{x - m} of any finite
+// x below it is 0, and two empty sums merge to an empty one).
+struct ExpSum {
+  float m = -FLT_MAX, z = 0.f;
+  // Makes m at least mx, rescaling z, and returns the factor z took.
+  __device__ __forceinline__ float raise(float mx) {
+    if (mx <= m) return 1.f;
+    const float f = __expf(m - mx);
+    z *= f, m = mx;
+    return f;
+  }
+  __device__ __forceinline__ float lse() const { return m + logf(z); }
+};
+
+// Merges b into a: the sums at the larger maximum. Returns a's factor and sets fb to b's.
+__device__ __forceinline__ float join(ExpSum& a, const ExpSum& b, float& fb) {
+  const float m = fmaxf(a.m, b.m), fa = __expf(a.m - m);
+  fb = __expf(b.m - m);
+  a.z = a.z * fa + b.z * fb, a.m = m;
+  return fa;
+}
+
+// What one thread (then the block) has summed of a row.
+struct RowSums {
+  ExpSum s, sT, tT;  // s, s/T, t/T
+  float c = 0.f;     // Σ e^{t_j/T - tT.m} (t_j - s_j) / T, scaled with tT.z
+  static constexpr int kFloats = 7;
+
+  __device__ __forceinline__ void merge(const RowSums& o, bool unit) {
+    float fb;
+    join(s, o.s, fb);
+    if (!unit) join(sT, o.sT, fb);
+    const float fa = join(tT, o.tT, fb);
+    c = c * fa + o.c * fb;
+  }
+  __device__ __forceinline__ void put(float* f) const {
+    f[0] = s.m, f[1] = s.z, f[2] = sT.m, f[3] = sT.z, f[4] = tT.m, f[5] = tT.z, f[6] = c;
+  }
+  __device__ __forceinline__ void get(const float* f) {
+    s.m = f[0], s.z = f[1], sT.m = f[2], sT.z = f[3], tT.m = f[4], tT.z = f[5], c = f[6];
+  }
+};
+
+__device__ __forceinline__ RowSums shuffle_xor(const RowSums& r, int mask) {
+  float f[RowSums::kFloats];
+  r.put(f);
+#pragma unroll
+  for (int i = 0; i < RowSums::kFloats; ++i) f[i] = __shfl_xor_sync(0xffffffffu, f[i], mask);
+  RowSums o;
+  o.get(f);
+  return o;
+}
+
+// s, t [N, V] (E), y [N] -> ce, kl [N] fp32 and lse [3, N] fp32 (rows: lse(s), lse(s/T), lse(t/T)). Block
+// `row`, W elements a thread at a time (words = V / W a row). unit: T = 1, where s/T is s.
+template <typename E, int W>
+__global__ void __launch_bounds__(kThreads)
+    distill_loss_forward_kernel(const E* __restrict__ s, const E* __restrict__ t, const int64_t* __restrict__ y,
+                                float* __restrict__ ce, float* __restrict__ kl, float* __restrict__ lse,
+                                int64_t N, int64_t V, float inv_T, bool unit) {
+  __shared__ float parts[kWarps * RowSums::kFloats];
+  const int64_t row = blockIdx.x, words = V / W;
+  const Word<E, W>* sr = reinterpret_cast<const Word<E, W>*>(s + row * V);
+  const Word<E, W>* tr = reinterpret_cast<const Word<E, W>*>(t + row * V);
+  RowSums acc;
+  for (int64_t w = threadIdx.x; w < words; w += kThreads) {
+    const Word<E, W> sw = sr[w], tw = tr[w];
+    float sv[W], tv[W], mx = -FLT_MAX, mt = -FLT_MAX;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      sv[j] = static_cast<float>(sw.x[j]), tv[j] = static_cast<float>(tw.x[j]) * inv_T;
+      mx = fmaxf(mx, sv[j]), mt = fmaxf(mt, tv[j]);
+    }
+    acc.s.raise(mx);
+    if (!unit) acc.sT.raise(mx * inv_T);
+    acc.c *= acc.tT.raise(mt);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      acc.s.z += __expf(sv[j] - acc.s.m);
+      if (!unit) acc.sT.z += __expf(sv[j] * inv_T - acc.sT.m);
+      const float e = __expf(tv[j] - acc.tT.m);
+      acc.tT.z += e;
+      acc.c += e * (tv[j] - sv[j] * inv_T);
+    }
+  }
+#pragma unroll
+  for (int mask = 16; mask > 0; mask >>= 1) acc.merge(shuffle_xor(acc, mask), unit);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) acc.put(parts + warp * RowSums::kFloats);
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  RowSums total;
+  total.get(parts);
+  for (int i = 1; i < kWarps; ++i) {
+    RowSums part;
+    part.get(parts + i * RowSums::kFloats);
+    total.merge(part, unit);
+  }
+  if (unit) total.sT = total.s;
+  const float l1 = total.s.lse(), lS = total.sT.lse(), lT = total.tT.lse();
+  lse[row] = l1, lse[N + row] = lS, lse[2 * N + row] = lT;
+  const int64_t target = y[row];
+  ce[row] = target >= 0 && target < V ? l1 - static_cast<float>(s[row * V + target]) : 0.f;
+  kl[row] = total.c / total.tT.z - lT + lS;
+}
+
+// Given the forward's lse and the terms' gradients dce, dkl [N] fp32: ds [N, V] (E).
+template <typename E, int W>
+__global__ void __launch_bounds__(kThreads)
+    distill_loss_backward_kernel(const E* __restrict__ s, const E* __restrict__ t, const int64_t* __restrict__ y,
+                                 const float* __restrict__ lse, const float* __restrict__ dce,
+                                 const float* __restrict__ dkl, E* __restrict__ ds, int64_t N, int64_t V, float inv_T) {
+  const int64_t row = blockIdx.x, words = V / W, target = y[row];
+  const float l1 = lse[row], lS = lse[N + row], lT = lse[2 * N + row];
+  const float gce = target >= 0 && target < V ? dce[row] : 0.f, gkl = dkl[row] * inv_T;  // ignored: no CE
+  const Word<E, W>* sr = reinterpret_cast<const Word<E, W>*>(s + row * V);
+  const Word<E, W>* tr = reinterpret_cast<const Word<E, W>*>(t + row * V);
+  Word<E, W>* out = reinterpret_cast<Word<E, W>*>(ds + row * V);
+  for (int64_t w = threadIdx.x; w < words; w += kThreads) {
+    const Word<E, W> sw = sr[w], tw = tr[w];
+    Word<E, W> o;
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float sv = static_cast<float>(sw.x[j]), tv = static_cast<float>(tw.x[j]);
+      const float hit = w * W + j == target ? 1.f : 0.f;
+      const float g = gce * (__expf(sv - l1) - hit) + gkl * (__expf(sv * inv_T - lS) - __expf(tv * inv_T - lT));
+      o.x[j] = static_cast<E>(g);
+    }
+    out[w] = o;
+  }
+}
+
+// Calls fn(E{}, std::integral_constant<int, W>{}) for dt, W the elements of a 16-byte word when `wide`.
+template <typename Fn>
+void dispatch(torch::ScalarType dt, bool wide, Fn fn) {
+  dispatch_float_types(dt, [&](auto e) {
+    using E = decltype(e);
+    constexpr int kWide = 16 / static_cast<int>(sizeof(E));
+    if (wide) fn(e, std::integral_constant<int, kWide>{});
+    else fn(e, std::integral_constant<int, 1>{});
+  });
+}
+
+// Whether rows of V elements of s's dtype at these tensors' pointers go 16 bytes at a time.
+bool wide_rows(const torch::Tensor& s, std::initializer_list<const torch::Tensor*> ts) {
+  const int64_t per_word = 16 / static_cast<int64_t>(s.element_size());
+  if (s.size(1) % per_word != 0) return false;
+  for (const torch::Tensor* t : ts)
+    if (reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 != 0) return false;
+  return true;
+}
+
+void check_inputs(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& y) {
+  TORCH_CHECK(s.dim() == 2 && s.is_contiguous() && distill_loss_supported(s.scalar_type()),
+              "distill_loss: expects student logits [N, V] contiguous, fp32, bf16 or fp16; got ", s.sizes(), " ",
+              s.scalar_type());
+  TORCH_CHECK(t.sizes() == s.sizes() && t.scalar_type() == s.scalar_type() && t.is_contiguous() &&
+                  t.device() == s.device(),
+              "distill_loss: expects teacher logits ", s.sizes(), " ", s.scalar_type(), " contiguous on ", s.device(),
+              "; got ", t.sizes(), " ", t.scalar_type(), " on ", t.device());
+  TORCH_CHECK(y.dim() == 1 && y.size(0) == s.size(0) && y.scalar_type() == torch::kLong && y.is_contiguous() &&
+                  y.device() == s.device(),
+              "distill_loss: expects targets [", s.size(0), "] int64 on ", s.device(), "; got ", y.sizes(), " ",
+              y.scalar_type(), " on ", y.device());
+}
+
+}  // namespace
+
+bool distill_loss_supported(torch::ScalarType dtype) { return float_type(dtype); }
+
+DistillLossForward distill_loss_forward(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& y,
+                                        double temperature) {
+  check_inputs(s, t, y);
+  TORCH_CHECK(temperature > 0, "distill_loss: expects a positive temperature, got ", temperature);
+  const c10::cuda::CUDAGuard guard(s.device());
+  const int64_t N = s.size(0), V = s.size(1);
+  const auto f32 = s.options().dtype(torch::kFloat);
+  DistillLossForward out{torch::zeros({N}, f32), torch::zeros({N}, f32), torch::zeros({3, N}, f32)};
+  if (N == 0 || V == 0) return out;
+  TORCH_CHECK(N <= INT32_MAX, "distill_loss: at most 2^31 - 1 rows, got ", N);
+  const float inv_T = static_cast<float>(1.0 / temperature);
+  dispatch(s.scalar_type(), wide_rows(s, {&s, &t}), [&](auto e, auto w) {
+    using E = decltype(e);
+    constexpr int W = decltype(w)::value;
+    launch(distill_loss_forward_kernel<E, W>, static_cast<unsigned>(N), kThreads, 0, data_as<E>(s), data_as<E>(t),
+           y.data_ptr<int64_t>(), out.ce.data_ptr<float>(), out.kl.data_ptr<float>(), out.lse.data_ptr<float>(), N, V,
+           inv_T, temperature == 1.0);
+  });
+  return out;
+}
+
+torch::Tensor distill_loss_backward(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& y,
+                                    const torch::Tensor& lse, const torch::Tensor& dce, const torch::Tensor& dkl,
+                                    double temperature) {
+  check_inputs(s, t, y);
+  const int64_t N = s.size(0), V = s.size(1);
+  for (const auto* g : {&dce, &dkl})
+    TORCH_CHECK(g->dim() == 1 && g->size(0) == N && g->scalar_type() == torch::kFloat && g->is_contiguous() &&
+                    g->device() == s.device(),
+                "distill_loss: expects the terms' gradients [", N, "] fp32 on ", s.device(), "; got ", g->sizes(),
+                " ", g->scalar_type());
+  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == 3 && lse.size(1) == N && lse.scalar_type() == torch::kFloat &&
+                  lse.is_contiguous(),
+              "distill_loss: expects the forward's lse [3, ", N, "] fp32; got ", lse.sizes(), " ", lse.scalar_type());
+  const c10::cuda::CUDAGuard guard(s.device());
+  auto ds = torch::empty_like(s);
+  if (N == 0 || V == 0) return ds;
+  const float inv_T = static_cast<float>(1.0 / temperature);
+  dispatch(s.scalar_type(), wide_rows(s, {&s, &t, &ds}), [&](auto e, auto w) {
+    using E = decltype(e);
+    constexpr int W = decltype(w)::value;
+    launch(distill_loss_backward_kernel<E, W>, static_cast<unsigned>(N), kThreads, 0, data_as<E>(s), data_as<E>(t),
+           y.data_ptr<int64_t>(), lse.data_ptr<float>(), dce.data_ptr<float>(), dkl.data_ptr<float>(), data_as<E>(ds),
+           N, V, inv_T);
+  });
+  return ds;
+}
+
+}  // namespace linearize::ops::cuda_kernels
