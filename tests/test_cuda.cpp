@@ -833,8 +833,9 @@ TEST(CudaOps, SwigluKernelMatchesFp64) {
 // The stage-3 loss kernels (ops/cuda/distill_loss.cu) through ops::distill_loss_terms: the per-token CE and KL
 // and the gradient of Σ dce ce + dkl kl in the student's logits against the formula in fp64 (beside the libtorch
 // formula's errors in the same dtype, where it runs), and the terms bit for bit what the kernel gives when called
-// directly. Cases: rows of whole 16-byte words and not, a row start off a 16-byte boundary, temperatures 1 and
-// not, a target ignored (-100) and the last word's.
+// directly; then the cross-entropy alone (ops::cross_entropy_terms, the same kernels without a teacher).
+// Cases: rows of whole 16-byte words and not, a row start off a 16-byte boundary, temperatures 1 and not, a
+// target ignored (-100) and the last word's.
 TEST(CudaOps, DistillLossKernelsMatchFp64) {
   REQUIRE_KERNELS();
 #ifdef LINEARIZE_WITH_KERNELS
@@ -891,6 +892,21 @@ TEST(CudaOps, DistillLossKernelsMatchFp64) {
                                                {"ds", ds, s64.grad(), fds, bound}});
     std::printf("[cuda-distill-loss] %s N=%ld V=%ld T=%.1f%s:%s\n", c10::toString(c.dtype), static_cast<long>(c.N),
                 static_cast<long>(c.V), c.T, c.offset ? " offset" : "", line.c_str());
+
+    // The cross-entropy alone (no teacher: next-token training), kernel against fp64.
+    auto s64c = s.cpu().to(torch::kDouble).requires_grad_(true);
+    auto ce64c = torch::where(valid, s64c.logsumexp(-1) - s64c.gather(1, y64.clamp_min(0).unsqueeze(1)).squeeze(1),
+                              torch::zeros({c.N}, torch::kDouble));
+    ce64c.backward(dce.cpu().to(torch::kDouble));
+    auto sc = s.detach().requires_grad_(true);
+    auto ce_only = ops::cross_entropy_terms(sc, y);
+    ce_only.backward(dce);
+    EXPECT_TRUE(torch::equal(ce_only.detach(), ops::cuda_kernels::distill_loss_forward(s.contiguous(), {}, y, 1.0).ce))
+        << "ops did not run the kernel";
+    const std::string ce_line = expect_near_fp64({{"ce", ce_only.detach(), ce64c.detach(), {}, 1e-5},
+                                                  {"ds", sc.grad(), s64c.grad(), {}, bound}});
+    std::printf("[cuda-cross-entropy] %s N=%ld V=%ld%s:%s\n", c10::toString(c.dtype), static_cast<long>(c.N),
+                static_cast<long>(c.V), c.offset ? " offset" : "", ce_line.c_str());
   }
 #endif
 }

@@ -328,7 +328,7 @@ void bench_train(const Settings& s) {
     teacher->train();
     run("teacher (softmax attention), CE", teacher, [&] {
       auto logits = teacher->forward(x);
-      return torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab_size}).to(torch::kFloat), y.reshape({-1}));
+      return ops::cross_entropy_terms(logits.reshape({-1, c.vocab_size}), y.reshape({-1})).mean();
     });
     // Distillation: the teacher frozen in bf16, each student from it with fp32 weights.
     teacher->to(gpu ? torch::kBFloat16 : torch::kFloat);

@@ -11,6 +11,7 @@
 #include "io/error.h"
 #include "model/model_io.h"
 #include "model/student.h"
+#include "ops/ops.h"
 #include "train/data_parallel.h"
 
 namespace linearize {
@@ -31,10 +32,8 @@ TokenLosses sft_token_losses(CausalLM& model, const torch::Tensor& rows, bool pa
   auto doc_in = doc.narrow(1, 0, T), doc_out = doc.narrow(1, 1, T);
   auto mask = learn.narrow(1, 1, T).eq(1).logical_and(doc_in.eq(doc_out)).logical_and(doc_in.ge(0));
   auto h = packed ? model->hidden_states_packed(x, PackedRows::from_doc_ids(doc_in)) : model->hidden_states(x);
-  auto logits = model->logits_from_hidden(h).to(torch::kFloat);  // [B, T, V]
-  auto ce = torch::nn::functional::cross_entropy(
-      logits.reshape({B * T, logits.size(2)}), y.reshape({B * T}),
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+  auto logits = model->logits_from_hidden(h);  // [B, T, V]
+  auto ce = ops::cross_entropy_terms(logits.reshape({B * T, logits.size(2)}), y.reshape({B * T}));
   return {ce.view({B, T}), mask.to(torch::kFloat), doc_out};
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "io/error.h"
+#include "ops/ops.h"
 
 namespace linearize {
 
@@ -31,10 +32,9 @@ PerplexityResult perplexity(CausalLM& model, const std::vector<int32_t>& tokens,
     }
     const int64_t b = static_cast<int64_t>(end - w);
     auto x = torch::tensor(ids, torch::kLong).view({b, n}).to(device);
-    auto logits = model->forward(x.narrow(1, 0, n - 1)).to(torch::kFloat);  // [b, n-1, V]
-    auto nll = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}), x.narrow(1, 1, n - 1).reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    auto logits = model->forward(x.narrow(1, 0, n - 1));  // [b, n-1, V]
+    auto nll = ops::cross_entropy_terms(logits.reshape({-1, logits.size(-1)}), x.narrow(1, 1, n - 1).reshape({-1}))
+                   .sum();
     total_nll += nll.item<double>();
     total_tokens += b * (n - 1);
     w = end;

@@ -108,7 +108,7 @@ ShortConvResult short_conv(const torch::Tensor& x, const torch::Tensor& weight, 
 // On a kernel device one kernel each way (ops/cuda/softplus_decay.cu); elsewhere the formula.
 torch::Tensor softplus_decay(const torch::Tensor& f, const torch::Tensor& dt_bias, const torch::Tensor& A_log);
 
-// ---- Stage-3 distillation's per-token terms (ops/distill_loss.cpp) ---------------------------------------
+// ---- Stage-3 distillation's and next-token training's per-token terms (ops/distill_loss.cpp) --------------
 // Student logits s and teacher logits t [N, V], targets [N] (int64), temperature T > 0; in fp32 [N]:
 //   ce[i] = logsumexp(s_i) - s_i[y_i]   (0 where y_i is outside [0, V), as cross_entropy's ignored targets)
 //   kl[i] = KL(softmax(t_i / T) || softmax(s_i / T))
@@ -120,5 +120,7 @@ struct DistillTerms {
 };
 DistillTerms distill_loss_terms(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& targets,
                                 double temperature);
+// The cross-entropy term alone, ce [N] fp32 (the same kernels without a teacher): next-token training.
+torch::Tensor cross_entropy_terms(const torch::Tensor& logits, const torch::Tensor& targets);
 
 }  // namespace linearize::ops

@@ -7,6 +7,7 @@
 #include "io/token_shards.h"
 #include "io/tokenizer.h"
 #include "model/model_io.h"
+#include "ops/ops.h"
 #include "train/data_parallel.h"
 
 namespace linearize {
@@ -64,7 +65,7 @@ double pretrain(const PretrainOptions& o) {
   auto step = [&](const torch::Tensor& batch) {
     auto x = batch.narrow(1, 0, o.seq_len), y = batch.narrow(1, 1, o.seq_len);
     auto logits = model->forward(x);
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab_size}).to(torch::kFloat), y.reshape({-1}));
+    return ops::cross_entropy_terms(logits.reshape({-1, c.vocab_size}), y.reshape({-1})).mean();
   };
   auto r = run_training(*model, params, loader, step, loop);
   if (!r.finished) return r.last_loss;  // stopped early (testing aid): the checkpoint holds the state

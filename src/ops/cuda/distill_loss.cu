@@ -6,7 +6,8 @@
 // its maximum grows) for s, s/T and t/T, and for t/T also Σ e^{t_j/T - m} (t_j - s_j) / T; the block then
 // merges the threads' partial sums. It keeps the three logsumexps [3, N] for the backward:
 //   ds_j = dce (e^{s_j - lse(s)} - [j = y]) + dkl / T (e^{s_j/T - lse(s/T)} - e^{t_j/T - lse(t/T)})
-// written in s's dtype. The libtorch formula (casts to fp32, log_softmax of both, their difference, the
+// written in s's dtype. Without teacher logits (plain next-token training, Teacher = false) the kernels give ce
+// and its gradient alone. The libtorch formula (casts to fp32, log_softmax of both, their difference, the
 // product and the sum, then as many passes back) reads and writes [N, V] fp32 tensors some twenty times and
 // keeps several of them for the backward: at SmolLM2's 49152 words and 8192 tokens each is 1.6 GB. These
 // kernels read s and t once each way and keep nothing of that size.
@@ -65,9 +66,10 @@ struct RowSums {
   float c = 0.f;     // Σ e^{t_j/T - tT.m} (t_j - s_j) / T, scaled with tT.z
   static constexpr int kFloats = 7;
 
-  __device__ __forceinline__ void merge(const RowSums& o, bool unit) {
+  __device__ __forceinline__ void merge(const RowSums& o, bool unit, bool teacher) {
     float fb;
     join(s, o.s, fb);
+    if (!teacher) return;
     if (!unit) join(sT, o.sT, fb);
     const float fa = join(tT, o.tT, fb);
     c = c * fa + o.c * fb;
@@ -90,9 +92,10 @@ __device__ __forceinline__ RowSums shuffle_xor(const RowSums& r, int mask) {
   return o;
 }
 
-// s, t [N, V] (E), y [N] -> ce, kl [N] fp32 and lse [3, N] fp32 (rows: lse(s), lse(s/T), lse(t/T)). Block
-// `row`, W elements a thread at a time (words = V / W a row). unit: T = 1, where s/T is s.
-template <typename E, int W>
+// s, t [N, V] (E), y [N] -> ce, kl [N] fp32 and lse [3, N] fp32 (rows: lse(s), lse(s/T), lse(t/T)); without
+// the teacher (t, kl null) ce and lse [1, N]. Block `row`, W elements a thread at a time (words = V / W a row).
+// unit: T = 1, where s/T is s.
+template <typename E, int W, bool Teacher>
 __global__ void __launch_bounds__(kThreads)
     distill_loss_forward_kernel(const E* __restrict__ s, const E* __restrict__ t, const int64_t* __restrict__ y,
                                 float* __restrict__ ce, float* __restrict__ kl, float* __restrict__ lse,
@@ -100,22 +103,24 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float parts[kWarps * RowSums::kFloats];
   const int64_t row = blockIdx.x, words = V / W;
   const Word<E, W>* sr = reinterpret_cast<const Word<E, W>*>(s + row * V);
-  const Word<E, W>* tr = reinterpret_cast<const Word<E, W>*>(t + row * V);
+  const Word<E, W>* tr = Teacher ? reinterpret_cast<const Word<E, W>*>(t + row * V) : nullptr;
   RowSums acc;
   for (int64_t w = threadIdx.x; w < words; w += kThreads) {
-    const Word<E, W> sw = sr[w], tw = tr[w];
+    const Word<E, W> sw = sr[w];
     float sv[W], tv[W], mx = -FLT_MAX, mt = -FLT_MAX;
 #pragma unroll
-    for (int j = 0; j < W; ++j) {
-      sv[j] = static_cast<float>(sw.x[j]), tv[j] = static_cast<float>(tw.x[j]) * inv_T;
-      mx = fmaxf(mx, sv[j]), mt = fmaxf(mt, tv[j]);
-    }
+    for (int j = 0; j < W; ++j) sv[j] = static_cast<float>(sw.x[j]), mx = fmaxf(mx, sv[j]);
     acc.s.raise(mx);
+#pragma unroll
+    for (int j = 0; j < W; ++j) acc.s.z += __expf(sv[j] - acc.s.m);
+    if (!Teacher) continue;
+    const Word<E, W> tw = tr[w];
+#pragma unroll
+    for (int j = 0; j < W; ++j) tv[j] = static_cast<float>(tw.x[j]) * inv_T, mt = fmaxf(mt, tv[j]);
     if (!unit) acc.sT.raise(mx * inv_T);
     acc.c *= acc.tT.raise(mt);
 #pragma unroll
     for (int j = 0; j < W; ++j) {
-      acc.s.z += __expf(sv[j] - acc.s.m);
       if (!unit) acc.sT.z += __expf(sv[j] * inv_T - acc.sT.m);
       const float e = __expf(tv[j] - acc.tT.m);
       acc.tT.z += e;
@@ -123,7 +128,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 #pragma unroll
-  for (int mask = 16; mask > 0; mask >>= 1) acc.merge(shuffle_xor(acc, mask), unit);
+  for (int mask = 16; mask > 0; mask >>= 1) acc.merge(shuffle_xor(acc, mask), unit, Teacher);
   const int warp = threadIdx.x / 32;
   if (threadIdx.x % 32 == 0) acc.put(parts + warp * RowSums::kFloats);
   __syncthreads();
@@ -133,50 +138,62 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = 1; i < kWarps; ++i) {
     RowSums part;
     part.get(parts + i * RowSums::kFloats);
-    total.merge(part, unit);
+    total.merge(part, unit, Teacher);
   }
-  if (unit) total.sT = total.s;
-  const float l1 = total.s.lse(), lS = total.sT.lse(), lT = total.tT.lse();
-  lse[row] = l1, lse[N + row] = lS, lse[2 * N + row] = lT;
+  const float l1 = total.s.lse();
+  lse[row] = l1;
   const int64_t target = y[row];
   ce[row] = target >= 0 && target < V ? l1 - static_cast<float>(s[row * V + target]) : 0.f;
+  if (!Teacher) return;
+  if (unit) total.sT = total.s;
+  const float lS = total.sT.lse(), lT = total.tT.lse();
+  lse[N + row] = lS, lse[2 * N + row] = lT;
   kl[row] = total.c / total.tT.z - lT + lS;
 }
 
-// Given the forward's lse and the terms' gradients dce, dkl [N] fp32: ds [N, V] (E).
-template <typename E, int W>
+// Given the forward's lse and the terms' gradients dce, dkl [N] fp32 (without the teacher: t, dkl null): ds
+// [N, V] (E).
+template <typename E, int W, bool Teacher>
 __global__ void __launch_bounds__(kThreads)
     distill_loss_backward_kernel(const E* __restrict__ s, const E* __restrict__ t, const int64_t* __restrict__ y,
                                  const float* __restrict__ lse, const float* __restrict__ dce,
                                  const float* __restrict__ dkl, E* __restrict__ ds, int64_t N, int64_t V, float inv_T) {
   const int64_t row = blockIdx.x, words = V / W, target = y[row];
-  const float l1 = lse[row], lS = lse[N + row], lT = lse[2 * N + row];
-  const float gce = target >= 0 && target < V ? dce[row] : 0.f, gkl = dkl[row] * inv_T;  // ignored: no CE
+  const float l1 = lse[row], lS = Teacher ? lse[N + row] : 0.f, lT = Teacher ? lse[2 * N + row] : 0.f;
+  const float gce = target >= 0 && target < V ? dce[row] : 0.f;  // ignored: no CE
+  const float gkl = Teacher ? dkl[row] * inv_T : 0.f;
   const Word<E, W>* sr = reinterpret_cast<const Word<E, W>*>(s + row * V);
-  const Word<E, W>* tr = reinterpret_cast<const Word<E, W>*>(t + row * V);
+  const Word<E, W>* tr = Teacher ? reinterpret_cast<const Word<E, W>*>(t + row * V) : nullptr;
   Word<E, W>* out = reinterpret_cast<Word<E, W>*>(ds + row * V);
   for (int64_t w = threadIdx.x; w < words; w += kThreads) {
-    const Word<E, W> sw = sr[w], tw = tr[w];
+    const Word<E, W> sw = sr[w];
+    Word<E, W> tw;
+    if (Teacher) tw = tr[w];
     Word<E, W> o;
 #pragma unroll
     for (int j = 0; j < W; ++j) {
-      const float sv = static_cast<float>(sw.x[j]), tv = static_cast<float>(tw.x[j]);
-      const float hit = w * W + j == target ? 1.f : 0.f;
-      const float g = gce * (__expf(sv - l1) - hit) + gkl * (__expf(sv * inv_T - lS) - __expf(tv * inv_T - lT));
+      const float sv = static_cast<float>(sw.x[j]), hit = w * W + j == target ? 1.f : 0.f;
+      float g = gce * (__expf(sv - l1) - hit);
+      if (Teacher) g += gkl * (__expf(sv * inv_T - lS) - __expf(static_cast<float>(tw.x[j]) * inv_T - lT));
       o.x[j] = static_cast<E>(g);
     }
     out[w] = o;
   }
 }
 
-// Calls fn(E{}, std::integral_constant<int, W>{}) for dt, W the elements of a 16-byte word when `wide`.
+// Calls fn(E{}, std::integral_constant<int, W>{}, std::bool_constant<Teacher>{}) for dt, W the elements of a
+// 16-byte word when `wide`.
 template <typename Fn>
-void dispatch(torch::ScalarType dt, bool wide, Fn fn) {
+void dispatch(torch::ScalarType dt, bool wide, bool teacher, Fn fn) {
   dispatch_float_types(dt, [&](auto e) {
     using E = decltype(e);
     constexpr int kWide = 16 / static_cast<int>(sizeof(E));
-    if (wide) fn(e, std::integral_constant<int, kWide>{});
-    else fn(e, std::integral_constant<int, 1>{});
+    auto with_teacher = [&](auto w) {
+      if (teacher) fn(e, w, std::true_type{});
+      else fn(e, w, std::false_type{});
+    };
+    if (wide) with_teacher(std::integral_constant<int, kWide>{});
+    else with_teacher(std::integral_constant<int, 1>{});
   });
 }
 
@@ -185,7 +202,7 @@ bool wide_rows(const torch::Tensor& s, std::initializer_list<const torch::Tensor
   const int64_t per_word = 16 / static_cast<int64_t>(s.element_size());
   if (s.size(1) % per_word != 0) return false;
   for (const torch::Tensor* t : ts)
-    if (reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 != 0) return false;
+    if (t->defined() && reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 != 0) return false;
   return true;
 }
 
@@ -193,8 +210,8 @@ void check_inputs(const torch::Tensor& s, const torch::Tensor& t, const torch::T
   TORCH_CHECK(s.dim() == 2 && s.is_contiguous() && distill_loss_supported(s.scalar_type()),
               "distill_loss: expects student logits [N, V] contiguous, fp32, bf16 or fp16; got ", s.sizes(), " ",
               s.scalar_type());
-  TORCH_CHECK(t.sizes() == s.sizes() && t.scalar_type() == s.scalar_type() && t.is_contiguous() &&
-                  t.device() == s.device(),
+  TORCH_CHECK(!t.defined() || (t.sizes() == s.sizes() && t.scalar_type() == s.scalar_type() && t.is_contiguous() &&
+                                t.device() == s.device()),
               "distill_loss: expects teacher logits ", s.sizes(), " ", s.scalar_type(), " contiguous on ", s.device(),
               "; got ", t.sizes(), " ", t.scalar_type(), " on ", t.device());
   TORCH_CHECK(y.dim() == 1 && y.size(0) == s.size(0) && y.scalar_type() == torch::kLong && y.is_contiguous() &&
@@ -214,16 +231,18 @@ DistillLossForward distill_loss_forward(const torch::Tensor& s, const torch::Ten
   const c10::cuda::CUDAGuard guard(s.device());
   const int64_t N = s.size(0), V = s.size(1);
   const auto f32 = s.options().dtype(torch::kFloat);
-  DistillLossForward out{torch::zeros({N}, f32), torch::zeros({N}, f32), torch::zeros({3, N}, f32)};
+  const bool teacher = t.defined();
+  DistillLossForward out{torch::zeros({N}, f32), teacher ? torch::zeros({N}, f32) : torch::Tensor(),
+                         torch::zeros({teacher ? 3 : 1, N}, f32)};
   if (N == 0 || V == 0) return out;
   TORCH_CHECK(N <= INT32_MAX, "distill_loss: at most 2^31 - 1 rows, got ", N);
   const float inv_T = static_cast<float>(1.0 / temperature);
-  dispatch(s.scalar_type(), wide_rows(s, {&s, &t}), [&](auto e, auto w) {
+  dispatch(s.scalar_type(), wide_rows(s, {&s, &t}), teacher, [&](auto e, auto w, auto with) {
     using E = decltype(e);
     constexpr int W = decltype(w)::value;
-    launch(distill_loss_forward_kernel<E, W>, static_cast<unsigned>(N), kThreads, 0, data_as<E>(s), data_as<E>(t),
-           y.data_ptr<int64_t>(), out.ce.data_ptr<float>(), out.kl.data_ptr<float>(), out.lse.data_ptr<float>(), N, V,
-           inv_T, temperature == 1.0);
+    launch(distill_loss_forward_kernel<E, W, decltype(with)::value>, static_cast<unsigned>(N), kThreads, 0,
+           data_as<E>(s), data_or_null<E>(t), y.data_ptr<int64_t>(), out.ce.data_ptr<float>(), out_or_null(out.kl),
+           out.lse.data_ptr<float>(), N, V, inv_T, temperature == 1.0);
   });
   return out;
 }
@@ -233,24 +252,26 @@ torch::Tensor distill_loss_backward(const torch::Tensor& s, const torch::Tensor&
                                     double temperature) {
   check_inputs(s, t, y);
   const int64_t N = s.size(0), V = s.size(1);
+  const bool teacher = t.defined();
   for (const auto* g : {&dce, &dkl})
-    TORCH_CHECK(g->dim() == 1 && g->size(0) == N && g->scalar_type() == torch::kFloat && g->is_contiguous() &&
-                    g->device() == s.device(),
+    TORCH_CHECK((g == &dkl && !teacher) || (g->dim() == 1 && g->size(0) == N && g->scalar_type() == torch::kFloat &&
+                                            g->is_contiguous() && g->device() == s.device()),
                 "distill_loss: expects the terms' gradients [", N, "] fp32 on ", s.device(), "; got ", g->sizes(),
                 " ", g->scalar_type());
-  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == 3 && lse.size(1) == N && lse.scalar_type() == torch::kFloat &&
-                  lse.is_contiguous(),
-              "distill_loss: expects the forward's lse [3, ", N, "] fp32; got ", lse.sizes(), " ", lse.scalar_type());
+  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == (teacher ? 3 : 1) && lse.size(1) == N &&
+                  lse.scalar_type() == torch::kFloat && lse.is_contiguous(),
+              "distill_loss: expects the forward's lse [", teacher ? 3 : 1, ", ", N, "] fp32; got ", lse.sizes(), " ",
+              lse.scalar_type());
   const c10::cuda::CUDAGuard guard(s.device());
   auto ds = torch::empty_like(s);
   if (N == 0 || V == 0) return ds;
   const float inv_T = static_cast<float>(1.0 / temperature);
-  dispatch(s.scalar_type(), wide_rows(s, {&s, &t, &ds}), [&](auto e, auto w) {
+  dispatch(s.scalar_type(), wide_rows(s, {&s, &t, &ds}), teacher, [&](auto e, auto w, auto with) {
     using E = decltype(e);
     constexpr int W = decltype(w)::value;
-    launch(distill_loss_backward_kernel<E, W>, static_cast<unsigned>(N), kThreads, 0, data_as<E>(s), data_as<E>(t),
-           y.data_ptr<int64_t>(), lse.data_ptr<float>(), dce.data_ptr<float>(), dkl.data_ptr<float>(), data_as<E>(ds),
-           N, V, inv_T);
+    launch(distill_loss_backward_kernel<E, W, decltype(with)::value>, static_cast<unsigned>(N), kThreads, 0,
+           data_as<E>(s), data_or_null<E>(t), y.data_ptr<int64_t>(), lse.data_ptr<float>(), dce.data_ptr<float>(),
+           ptr_or_null(dkl), data_as<E>(ds), N, V, inv_T);
   });
   return ds;
 }

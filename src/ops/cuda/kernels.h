@@ -311,7 +311,8 @@ SwigluGrads swiglu_backward(const torch::Tensor& gate, const torch::Tensor& up, 
 // The per-token terms of stage-3 distillation (ops/cuda/distill_loss.cu): student logits s and teacher logits t
 // [N, V] of one dtype (fp32, bf16 or fp16), targets y [N] int64, all contiguous on one device, temperature T > 0:
 //   ce[i] = lse(s_i) - s_i[y_i] (0 where y_i is outside [0, V)),   kl[i] = KL(softmax(t_i / T) || softmax(s_i / T))
-// fp32 [N], with lse [3, N] fp32 (lse(s), lse(s/T), lse(t/T)) for the backward.
+// fp32 [N], with lse [3, N] fp32 (lse(s), lse(s/T), lse(t/T)) for the backward. With t undefined (plain
+// next-token training) ce alone, kl undefined and lse [1, N]; the backward then takes dkl undefined.
 bool distill_loss_supported(torch::ScalarType dtype);
 struct DistillLossForward {
   torch::Tensor ce, kl, lse;
