@@ -312,7 +312,7 @@ void bench_train(const Settings& s) {
           }
           loss.backward();
           torch::nn::utils::clip_grad_norm_(plain, 1.0);
-          opt->step();
+          adamw_step(*opt);
         });
         trained->recompute = false;
         for (auto& p : params) p.second.mutable_grad() = torch::Tensor();

@@ -85,4 +85,14 @@ class Tf32Guard {
   bool prev_ = false;
 };
 
+// The key of parameter p in torch::optim::Optimizer::state(): its TensorImpl, which libtorch 1.13 spells as a
+// string.
+#if TORCH_VERSION_MAJOR >= 2
+inline void* optimizer_state_key(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
+#else
+inline std::string optimizer_state_key(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+#endif
+
 }  // namespace linearize::compat

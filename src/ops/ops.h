@@ -123,4 +123,17 @@ DistillTerms distill_loss_terms(const torch::Tensor& s, const torch::Tensor& t, 
 // The cross-entropy term alone, ce [N] fp32 (the same kernels without a teacher): next-token training.
 torch::Tensor cross_entropy_terms(const torch::Tensor& logits, const torch::Tensor& targets);
 
+// ---- AdamW's update of many tensors at once (ops/adamw.cpp) -------------------------------------------
+// In place, for each tensor i with parameter p, gradient g and moments m, v (one shape):
+//   p = p decay;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g g;  p = p - step_size m / (sqrt(v) / bias2_sqrt + eps)
+// per element as libtorch's AdamW step (decay = 1 - lr wd, step_size = lr / (1 - b1^t), bias2_sqrt =
+// sqrt(1 - b2^t)). On a kernel device with every tensor fp32 and contiguous a few launches for them all
+// (ops/cuda/adamw.cu); elsewhere libtorch's element-wise ops, tensor by tensor, as its optimizer runs them.
+struct AdamWUpdate {
+  std::vector<torch::Tensor> p, g, m, v;
+  std::vector<double> decay, step_size, bias2_sqrt;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+};
+void adamw_update(const AdamWUpdate& update);
+
 }  // namespace linearize::ops

@@ -1,8 +1,11 @@
 #include "train/optimizer_schedule.h"
 
 #include <cmath>
+#include <memory>
 
+#include "compat/torch_compat.h"
 #include "io/error.h"
+#include "ops/ops.h"
 
 namespace linearize {
 
@@ -53,6 +56,39 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<std::pair<std:
 
 void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
   for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+}
+
+void adamw_step(torch::optim::AdamW& opt) {
+  for (const auto& group : opt.param_groups())
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return (void)opt.step();
+  ops::AdamWUpdate u;
+  bool first = true;
+  for (auto& group : opt.param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    const auto [beta1, beta2] = o.betas();
+    if (first) u.beta1 = beta1, u.beta2 = beta2, u.eps = o.eps(), first = false;
+    if (beta1 != u.beta1 || beta2 != u.beta2 || o.eps() != u.eps) return (void)opt.step();  // one set a call
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      // The state as libtorch's AdamW keeps it: created at a parameter's first step.
+      auto& slot = opt.state()[compat::optimizer_state_key(p)];
+      if (!slot) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(0);
+        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        slot = std::move(st);
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*slot);
+      st.step(st.step() + 1);
+      const double t = static_cast<double>(st.step());
+      u.p.push_back(p), u.g.push_back(p.grad()), u.m.push_back(st.exp_avg()), u.v.push_back(st.exp_avg_sq());
+      u.decay.push_back(o.weight_decay() != 0 ? 1 - o.lr() * o.weight_decay() : 1.0);
+      u.step_size.push_back(o.lr() / (1 - std::pow(beta1, t)));
+      u.bias2_sqrt.push_back(std::sqrt(1 - std::pow(beta2, t)));
+    }
+  }
+  ops::adamw_update(u);
 }
 
 }  // namespace linearize

@@ -37,4 +37,9 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<std::pair<std:
 
 void set_learning_rate(torch::optim::Optimizer& opt, double lr);
 
+// One step of opt, as opt.step() takes it (the same state, so checkpoints are the same), through
+// ops::adamw_update: on a GPU a few launches for all parameters where libtorch runs some nine a parameter.
+// Falls back to opt.step() for what the update does not take (amsgrad).
+void adamw_step(torch::optim::AdamW& opt);
+
 }  // namespace linearize

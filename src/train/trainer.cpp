@@ -148,7 +148,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
                   " (lower the learning rate?)");
     double grad_norm = 0;
     if (o.clip > 0 && !params.empty()) grad_norm = torch::nn::utils::clip_grad_norm_(params, o.clip);
-    optimizer->step();
+    adamw_step(*optimizer);
     result.last_loss = loss;
     const int64_t done = s + 1;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <utility>
+#include <vector>
 
 #include "ops/common.h"
 
@@ -323,6 +324,11 @@ DistillLossForward distill_loss_forward(const torch::Tensor& s, const torch::Ten
 torch::Tensor distill_loss_backward(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& y,
                                     const torch::Tensor& lse, const torch::Tensor& dce, const torch::Tensor& dkl,
                                     double temperature);
+
+// AdamW's update of many fp32 tensors in a few launches (ops/cuda/adamw.cu): ops::adamw_update's contract, with
+// every tensor fp32, contiguous and on one device (adamw_supported: p and g such).
+bool adamw_supported(const torch::Tensor& p, const torch::Tensor& g);
+void adamw_update(const AdamWUpdate& update);
 
 // The mixers' short convolutions (ops/cuda/short_conv.cu): over x̃ = [prefix; x] along time,
 //   y[b, t, c] = act(bias[c] + Σ_{i < W} w[c, i] x̃[b, t + i, c]),   act = silu or none

@@ -77,6 +77,11 @@ inline unsigned __float_as_uint(float f) {
 }
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+// Round-to-nearest arithmetic that nvcc may not contract into a fused multiply-add (the emulated build targets
+// x86-64's baseline, which has no fused multiply-add: plain operators keep each rounding).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 // CUDA's overloaded min and max of device code.
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }

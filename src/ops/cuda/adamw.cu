@@ -1,0 +1,99 @@
+// AdamW's update of many fp32 tensors in a few launches (see kernels.h for the contract). libtorch's
+// optimizer runs some nine element-wise launches a parameter (the decay, the two moments' mul and add, sqrt,
+// div, add, addcdiv); at SmolLM2-135M's 270 to 570 trainable tensors that is thousands of launches a step,
+// and the step is bound by the host. Here up to kMaxTensors tensors go in one launch, block row y taking
+// tensor y with a grid-stride loop, with libtorch's formula and order of operations per element:
+//   p = p (1 - lr wd);   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g g
+//   p = p - step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps),   step_size = lr / (1 - b1^t)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch.cuh"
+
+namespace linearize::ops::cuda_kernels {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxTensors = 32;    // a launch's tensors (its parameter block stays under 2 KiB)
+constexpr int64_t kMaxBlocks = 512;  // per tensor; then each thread walks several elements
+
+struct TensorBatch {
+  float* p[kMaxTensors];
+  const float* g[kMaxTensors];
+  float* m[kMaxTensors];
+  float* v[kMaxTensors];
+  int64_t n[kMaxTensors];
+  float decay[kMaxTensors], step_size[kMaxTensors], bias2_sqrt[kMaxTensors];
+};
+
+__global__ void __launch_bounds__(kThreads)
+    adamw_kernel(TensorBatch b, float beta1, float one_minus_beta1, float beta2, float one_minus_beta2, float eps) {
+  const int i = blockIdx.y;
+  const int64_t n = b.n[i];
+  float *p = b.p[i], *m = b.m[i], *v = b.v[i];
+  const float* g = b.g[i];
+  const float decay = b.decay[i], step_size = b.step_size[i], bias2_sqrt = b.bias2_sqrt[i];
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const float ge = g[e];
+    const float me = __fadd_rn(__fmul_rn(m[e], beta1), __fmul_rn(ge, one_minus_beta1));
+    const float ve = __fadd_rn(__fmul_rn(v[e], beta2), __fmul_rn(__fmul_rn(ge, ge), one_minus_beta2));
+    const float denom = __fadd_rn(__fdiv_rn(sqrtf(ve), bias2_sqrt), eps);
+    const float pe = __fmul_rn(p[e], decay);
+    p[e] = __fadd_rn(pe, __fmul_rn(-step_size, __fdiv_rn(me, denom)));
+    m[e] = me, v[e] = ve;
+  }
+}
+
+}  // namespace
+
+bool adamw_supported(const torch::Tensor& p, const torch::Tensor& g) {
+  return p.scalar_type() == torch::kFloat && g.scalar_type() == torch::kFloat && p.is_contiguous() &&
+         g.is_contiguous() && p.sizes() == g.sizes() && p.device() == g.device();
+}
+
+void adamw_update(const AdamWUpdate& t) {
+  const size_t count = t.p.size();
+  TORCH_CHECK(t.g.size() == count && t.m.size() == count && t.v.size() == count && t.decay.size() == count &&
+                  t.step_size.size() == count && t.bias2_sqrt.size() == count,
+              "adamw_update: expects as many grads, moments and factors as parameters (", count, ")");
+  if (count == 0) return;
+  for (size_t i = 0; i < count; ++i)
+    TORCH_CHECK(adamw_supported(t.p[i], t.g[i]) && adamw_supported(t.m[i], t.g[i]) &&
+                    adamw_supported(t.v[i], t.g[i]) && t.p[i].device() == t.p[0].device(),
+                "adamw_update: expects fp32 contiguous parameters, grads and moments of one shape on one device; "
+                "tensor ",
+                i, " is ", t.p[i].sizes(), " ", t.p[i].scalar_type(), " on ", t.p[i].device());
+  const c10::cuda::CUDAGuard guard(t.p[0].device());
+  // Largest first, so that a launch's tensors are of like sizes and its grid fits them all.
+  std::vector<size_t> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return t.p[a].numel() > t.p[b].numel(); });
+  for (size_t from = 0; from < count; from += kMaxTensors) {
+    const size_t k = std::min<size_t>(kMaxTensors, count - from);
+    TensorBatch b{};
+    int64_t largest = 0;
+    for (size_t j = 0; j < k; ++j) {
+      const size_t i = order[from + j];
+      b.p[j] = t.p[i].data_ptr<float>(), b.g[j] = t.g[i].data_ptr<float>();
+      b.m[j] = t.m[i].data_ptr<float>(), b.v[j] = t.v[i].data_ptr<float>();
+      b.n[j] = t.p[i].numel(), largest = std::max(largest, b.n[j]);
+      b.decay[j] = static_cast<float>(t.decay[i]), b.step_size[j] = static_cast<float>(t.step_size[i]);
+      b.bias2_sqrt[j] = static_cast<float>(t.bias2_sqrt[i]);
+    }
+    if (largest == 0) continue;
+    const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((largest + kThreads - 1) / kThreads, 1, kMaxBlocks));
+    launch(adamw_kernel, dim3(blocks, static_cast<unsigned>(k)), kThreads, 0, b, static_cast<float>(t.beta1),
+           static_cast<float>(1.0 - t.beta1), static_cast<float>(t.beta2), static_cast<float>(1.0 - t.beta2),
+           static_cast<float>(t.eps));
+  }
+}
+
+}  // namespace linearize::ops::cuda_kernels
