@@ -32,12 +32,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-// V elements of E that load as one 16-byte word (V = 1: one element).
-template <typename E, int V>
-struct alignas(V == 1 ? alignof(E) : 16) Word {
-  E x[V];
-};
-
 // A running sum of exponentials e^{x - m} with its maximum m (m starts at -FLT_MAX: e^{x - m} of any finite
 // x below it is 0, and two empty sums merge to an empty one).
 struct ExpSum {
@@ -181,29 +175,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Calls fn(E{}, std::integral_constant<int, W>{}, std::bool_constant<Teacher>{}) for dt, W the elements of a
-// 16-byte word when `wide`.
+// dispatch_words (elementwise.cuh) with a third argument, std::bool_constant<Teacher>{}.
 template <typename Fn>
 void dispatch(torch::ScalarType dt, bool wide, bool teacher, Fn fn) {
-  dispatch_float_types(dt, [&](auto e) {
-    using E = decltype(e);
-    constexpr int kWide = 16 / static_cast<int>(sizeof(E));
-    auto with_teacher = [&](auto w) {
-      if (teacher) fn(e, w, std::true_type{});
-      else fn(e, w, std::false_type{});
-    };
-    if (wide) with_teacher(std::integral_constant<int, kWide>{});
-    else with_teacher(std::integral_constant<int, 1>{});
+  dispatch_words(dt, wide, [&](auto e, auto w) {
+    if (teacher) fn(e, w, std::true_type{});
+    else fn(e, w, std::false_type{});
   });
 }
 
-// Whether rows of V elements of s's dtype at these tensors' pointers go 16 bytes at a time.
+// Whether s's rows (and t's, ds's) go 16 bytes at a time.
 bool wide_rows(const torch::Tensor& s, std::initializer_list<const torch::Tensor*> ts) {
-  const int64_t per_word = 16 / static_cast<int64_t>(s.element_size());
-  if (s.size(1) % per_word != 0) return false;
-  for (const torch::Tensor* t : ts)
-    if (t->defined() && reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 != 0) return false;
-  return true;
+  return wide_words(s.size(1), s.scalar_type(), ts);
 }
 
 void check_inputs(const torch::Tensor& s, const torch::Tensor& t, const torch::Tensor& y) {

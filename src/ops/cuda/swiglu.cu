@@ -28,12 +28,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;  // then each thread walks several words
 
-// V elements of E that load and store as one 16-byte word (V = 1: one element).
-template <typename E, int V>
-struct alignas(V == 1 ? alignof(E) : 16) Word {
-  E x[V];
-};
-
 template <typename E, int V>
 __device__ __forceinline__ Word<E, V> load_word(const E* p, int64_t i) {
   return reinterpret_cast<const Word<E, V>*>(p)[i];
@@ -79,26 +73,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Calls fn(E{}, std::integral_constant<int, V>{}) for dt, with V the elements of a 16-byte word when
-// `wide` (every pointer 16-byte aligned and n a whole number of words), else 1.
-template <typename Fn>
-void dispatch(torch::ScalarType dt, bool wide, Fn fn) {
-  dispatch_float_types(dt, [&](auto e) {
-    using E = decltype(e);
-    constexpr int kWide = 16 / static_cast<int>(sizeof(E));
-    if (wide) fn(e, std::integral_constant<int, kWide>{});
-    else fn(e, std::integral_constant<int, 1>{});
-  });
-}
-
-// Whether n elements of dt at these pointers go 16 bytes at a time.
-bool wide_words(int64_t n, torch::ScalarType dt, std::initializer_list<const torch::Tensor*> ts) {
-  const int64_t per_word = 16 / static_cast<int64_t>(c10::elementSize(dt));
-  if (n % per_word != 0) return false;
-  return std::all_of(ts.begin(), ts.end(),
-                     [](const torch::Tensor* t) { return reinterpret_cast<std::uintptr_t>(t->data_ptr()) % 16 == 0; });
-}
-
 unsigned blocks_for(int64_t words) {
   return static_cast<unsigned>(std::clamp<int64_t>((words + kThreads - 1) / kThreads, 1, kMaxBlocks));
 }
@@ -126,7 +100,7 @@ torch::Tensor swiglu_forward(const torch::Tensor& gate, const torch::Tensor& up)
   auto z = torch::empty_like(gate);
   const int64_t n = gate.numel();
   if (n == 0) return z;
-  dispatch(gate.scalar_type(), wide_words(n, gate.scalar_type(), {&gate, &up, &z}), [&](auto e, auto v) {
+  dispatch_words(gate.scalar_type(), wide_words(n, gate.scalar_type(), {&gate, &up, &z}), [&](auto e, auto v) {
     using E = decltype(e);
     constexpr int V = decltype(v)::value;
     launch(swiglu_forward_kernel<E, V>, blocks_for(n / V), kThreads, 0, data_as<E>(gate), data_as<E>(up),
@@ -144,7 +118,7 @@ SwigluGrads swiglu_backward(const torch::Tensor& gate, const torch::Tensor& up, 
   const int64_t n = gate.numel();
   if (n == 0) return out;
   const bool wide = wide_words(n, gate.scalar_type(), {&gate, &up, &dz, &out.dgate, &out.dup});
-  dispatch(gate.scalar_type(), wide, [&](auto e, auto v) {
+  dispatch_words(gate.scalar_type(), wide, [&](auto e, auto v) {
     using E = decltype(e);
     constexpr int V = decltype(v)::value;
     launch(swiglu_backward_kernel<E, V>, blocks_for(n / V), kThreads, 0, data_as<E>(gate), data_as<E>(up),
