@@ -272,7 +272,7 @@ TEST(BpeTrainer, WrittenTokenizerLoadsAndRoundTrips) {
   EXPECT_EQ(tok->token_to_id("<|im_start|>"), 1);
   EXPECT_EQ(tok->token_to_id("<|im_end|>"), 2);
   EXPECT_EQ(tok->encode("<|im_start|>user\nhi<|im_end|><|endoftext|>").front(), 1);
-  for (const std::string text :
+  for (const std::string& text :
        {std::string("Digits 1234567890 and 3.14159"), std::string("emoji 👩‍👩‍👧‍👦 and 🤖!!"),
         std::string("lines\n\n\nwith\r\n  indents\tand tabs  "), std::string("日本語のテキスト ünïcödé"),
         corpus}) {

@@ -186,8 +186,9 @@ TEST(Checkpoint, InterruptedSwapLeavesPreviousCheckpoint) {
   EXPECT_TRUE(torch::equal(other->weight, lin->weight));
 }
 
-// adamw_step against libtorch's AdamW step on the same parameters, gradients and state, over three steps of
-// two groups (with and without weight decay, a parameter without a gradient in one step). Where the update
+// adamw_step against libtorch's clip_grad_norm_ and AdamW step on the same parameters, gradients and state,
+// over three steps of two groups (with and without weight decay, a parameter without a gradient in one step;
+// clipped, not clipped, a bound above the norm). Where the update
 // runs: libtorch's own ops on the CPU (the same to the bit), the CUDA kernel (ops/cuda/adamw.cu) under the
 // emulator or on a GPU (within fp32 round-off). The state stays libtorch's (its keys, steps and moments), so
 // checkpoints do not change.
@@ -209,17 +210,29 @@ void expect_adamw_step_matches_libtorch(AdamwPath path) {
   OptimizerOptions o;
   auto ref = make_adamw(a, o, 3e-2), got = make_adamw(b, o, 3e-2);
   test::EmulationScope scope(path == AdamwPath::kEmulatedKernel);
+  const double clip[3] = {5.0, 0.0, 1e3};  // the gradients' norm is about 38
   for (int step = 0; step < 3; ++step) {
     set_learning_rate(*ref, 3e-2 / (step + 1)), set_learning_rate(*got, 3e-2 / (step + 1));
+    std::vector<torch::Tensor> grads(a.size()), ref_params;
     for (size_t i = 0; i < a.size(); ++i) {
       const bool skip = step == 1 && i == 2;  // no gradient this step: the step leaves it alone
-      auto g = torch::randn(a[i].second.sizes()).to(device);
-      a[i].second.mutable_grad() = skip ? torch::Tensor() : g.clone();
-      b[i].second.mutable_grad() = skip ? torch::Tensor() : g.clone();
+      if (!skip) grads[i] = torch::randn(a[i].second.sizes()).to(device);
+      a[i].second.mutable_grad() = skip ? torch::Tensor() : grads[i].clone();
+      b[i].second.mutable_grad() = skip ? torch::Tensor() : grads[i].clone();
+      ref_params.push_back(a[i].second);
     }
+    const double ref_norm = clip[step] > 0 ? torch::nn::utils::clip_grad_norm_(ref_params, clip[step]) : 0.0;
     ref->step();
-    adamw_step(*got);
+    const double norm = adamw_step(*got, clip[step]);
+    if (exact) {
+      EXPECT_EQ(norm, ref_norm) << "step " << step;
+    } else {
+      EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm) << "step " << step;
+    }
     for (size_t i = 0; i < a.size(); ++i) {
+      if (grads[i].defined()) {  // the clipping factor went into the update, not into the gradients
+        EXPECT_TRUE(torch::equal(b[i].second.grad(), grads[i])) << a[i].first << " step " << step;
+      }
       using State = torch::optim::AdamWParamState;
       const auto& sa = static_cast<State&>(*ref->state().at(compat::optimizer_state_key(a[i].second)));
       const auto& sb = static_cast<State&>(*got->state().at(compat::optimizer_state_key(b[i].second)));

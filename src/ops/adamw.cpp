@@ -25,7 +25,8 @@ bool kernel_applies(const AdamWUpdate& u) {
         !cuda_kernels::adamw_supported(u.m[i], u.g[i]) || !cuda_kernels::adamw_supported(u.v[i], u.g[i]) ||
         u.p[i].device() != u.p[0].device())
       return false;
-  return true;
+  return !u.grad_scale.defined() ||
+         (u.grad_scale.scalar_type() == torch::kFloat && u.grad_scale.device() == u.p[0].device());
 #else
   (void)u;
   return false;
@@ -40,14 +41,17 @@ void adamw_update(const AdamWUpdate& u) {
       u.bias2_sqrt.size() != n)
     throw Error("adamw_update: expected as many gradients, moments and factors as parameters (" + std::to_string(n) +
                 ")");
+  if (u.grad_scale.defined() && u.grad_scale.numel() != 1)
+    throw Error("adamw_update: expected grad_scale to hold one number; got " + detail::shape_of(u.grad_scale));
   torch::NoGradGuard no_grad;
 #ifdef LINEARIZE_WITH_KERNELS
   if (n > 0 && kernel_applies(u)) return cuda_kernels::adamw_update(u);
 #endif
   for (size_t i = 0; i < n; ++i) {
+    const auto g = u.grad_scale.defined() ? u.g[i].mul(u.grad_scale) : u.g[i];
     if (u.decay[i] != 1.0) u.p[i].mul_(u.decay[i]);
-    u.m[i].mul_(u.beta1).add_(u.g[i], 1 - u.beta1);
-    u.v[i].mul_(u.beta2).addcmul_(u.g[i], u.g[i], 1 - u.beta2);
+    u.m[i].mul_(u.beta1).add_(g, 1 - u.beta1);
+    u.v[i].mul_(u.beta2).addcmul_(g, g, 1 - u.beta2);
     auto denom = (u.v[i].sqrt() / u.bias2_sqrt[i]).add_(u.eps);
     u.p[i].addcdiv_(u.m[i], denom, -u.step_size[i]);
   }

@@ -129,9 +129,12 @@ torch::Tensor cross_entropy_terms(const torch::Tensor& logits, const torch::Tens
 // per element as libtorch's AdamW step (decay = 1 - lr wd, step_size = lr / (1 - b1^t), bias2_sqrt =
 // sqrt(1 - b2^t)). On a kernel device with every tensor fp32 and contiguous a few launches for them all
 // (ops/cuda/adamw.cu); elsewhere libtorch's element-wise ops, tensor by tensor, as its optimizer runs them.
+// grad_scale, where given (a 0-dim fp32 tensor on the parameters' device, e.g. gradient clipping's factor),
+// multiplies every g before the update, as g.mul_(grad_scale) would, without writing g back.
 struct AdamWUpdate {
   std::vector<torch::Tensor> p, g, m, v;
   std::vector<double> decay, step_size, bias2_sqrt;
+  torch::Tensor grad_scale;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
 };
 void adamw_update(const AdamWUpdate& update);

@@ -58,16 +58,51 @@ void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
   for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
 }
 
-void adamw_step(torch::optim::AdamW& opt) {
+namespace {
+
+// The total L2 norm of the gradients as clip_grad_norm_ computes it (a norm a tensor, then the norm of those).
+// On a GPU libtorch's _foreach_norm takes many tensors a launch where clip_grad_norm_ takes one each; on the CPU
+// the same per-tensor norms as clip_grad_norm_, to the bit.
+torch::Tensor total_norm(const std::vector<torch::Tensor>& grads) {
+  std::vector<torch::Tensor> norms;
+  if (grads.front().is_cuda()) {
+    norms = at::_foreach_norm(grads);
+  } else {
+    for (const auto& g : grads) norms.push_back(g.norm(2));
+  }
+  return norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
+}
+
+double libtorch_step(torch::optim::AdamW& opt, double max_grad_norm) {
+  double norm = 0;
+  if (max_grad_norm > 0) {
+    std::vector<torch::Tensor> params;
+    for (const auto& group : opt.param_groups())
+      for (const auto& p : group.params()) params.push_back(p);
+    norm = torch::nn::utils::clip_grad_norm_(params, max_grad_norm);
+  }
+  opt.step();
+  return norm;
+}
+
+}  // namespace
+
+double adamw_step(torch::optim::AdamW& opt, double max_grad_norm) {
   for (const auto& group : opt.param_groups())
-    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad()) return (void)opt.step();
+    if (static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad())
+      return libtorch_step(opt, max_grad_norm);
   ops::AdamWUpdate u;
   bool first = true;
   for (auto& group : opt.param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     const auto [beta1, beta2] = o.betas();
     if (first) u.beta1 = beta1, u.beta2 = beta2, u.eps = o.eps(), first = false;
-    if (beta1 != u.beta1 || beta2 != u.beta2 || o.eps() != u.eps) return (void)opt.step();  // one set a call
+    if (beta1 != u.beta1 || beta2 != u.beta2 || o.eps() != u.eps)
+      return libtorch_step(opt, max_grad_norm);  // one set of betas and eps a call
+  }
+  for (auto& group : opt.param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    const auto [beta1, beta2] = o.betas();
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       // The state as libtorch's AdamW keeps it: created at a parameter's first step.
@@ -88,7 +123,15 @@ void adamw_step(torch::optim::AdamW& opt) {
       u.bias2_sqrt.push_back(std::sqrt(1 - std::pow(beta2, t)));
     }
   }
+  torch::Tensor norm;
+  if (max_grad_norm > 0 && !u.g.empty()) {
+    torch::NoGradGuard no_grad;
+    norm = total_norm(u.g);
+    // clip_grad_norm_'s factor, written as it writes it (double / tensor is libtorch's reciprocal product).
+    u.grad_scale = torch::clamp_max(max_grad_norm / (norm + 1e-6), 1.0);
+  }
   ops::adamw_update(u);
+  return norm.defined() ? norm.item<double>() : 0.0;
 }
 
 }  // namespace linearize

@@ -146,9 +146,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     if (!std::isfinite(loss))
       throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
                   " (lower the learning rate?)");
-    double grad_norm = 0;
-    if (o.clip > 0 && !params.empty()) grad_norm = torch::nn::utils::clip_grad_norm_(params, o.clip);
-    adamw_step(*optimizer);
+    const double grad_norm = adamw_step(*optimizer, o.clip);  // clipped within (0: no clipping)
     result.last_loss = loss;
     const int64_t done = s + 1;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -5,6 +5,7 @@
 // tensor y with a grid-stride loop, with libtorch's formula and order of operations per element:
 //   p = p (1 - lr wd);   m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g g
 //   p = p - step_size m / (sqrt(v) / sqrt(1 - b2^t) + eps),   step_size = lr / (1 - b1^t)
+// with g first multiplied by *grad_scale where there is one (gradient clipping's factor, read on the device).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -34,15 +35,17 @@ struct TensorBatch {
 };
 
 __global__ void __launch_bounds__(kThreads)
-    adamw_kernel(TensorBatch b, float beta1, float one_minus_beta1, float beta2, float one_minus_beta2, float eps) {
+    adamw_kernel(TensorBatch b, const float* grad_scale, float beta1, float one_minus_beta1, float beta2,
+                 float one_minus_beta2, float eps) {
   const int i = blockIdx.y;
   const int64_t n = b.n[i];
   float *p = b.p[i], *m = b.m[i], *v = b.v[i];
   const float* g = b.g[i];
   const float decay = b.decay[i], step_size = b.step_size[i], bias2_sqrt = b.bias2_sqrt[i];
+  const float scale = grad_scale ? *grad_scale : 1.0f;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const float ge = g[e];
+    const float ge = __fmul_rn(g[e], scale);  // exact where scale is 1
     const float me = __fadd_rn(__fmul_rn(m[e], beta1), __fmul_rn(ge, one_minus_beta1));
     const float ve = __fadd_rn(__fmul_rn(v[e], beta2), __fmul_rn(__fmul_rn(ge, ge), one_minus_beta2));
     const float denom = __fadd_rn(__fdiv_rn(sqrtf(ve), bias2_sqrt), eps);
@@ -71,7 +74,11 @@ void adamw_update(const AdamWUpdate& t) {
                 "adamw_update: expects fp32 contiguous parameters, grads and moments of one shape on one device; "
                 "tensor ",
                 i, " is ", t.p[i].sizes(), " ", t.p[i].scalar_type(), " on ", t.p[i].device());
+  TORCH_CHECK(!t.grad_scale.defined() || (t.grad_scale.scalar_type() == torch::kFloat &&
+                                          t.grad_scale.numel() == 1 && t.grad_scale.device() == t.p[0].device()),
+              "adamw_update: expects grad_scale to be one fp32 number on the parameters' device");
   const c10::cuda::CUDAGuard guard(t.p[0].device());
+  const float* grad_scale = t.grad_scale.defined() ? t.grad_scale.data_ptr<float>() : nullptr;
   // Largest first, so that a launch's tensors are of like sizes and its grid fits them all.
   std::vector<size_t> order(count);
   std::iota(order.begin(), order.end(), 0);
@@ -90,9 +97,9 @@ void adamw_update(const AdamWUpdate& t) {
     }
     if (largest == 0) continue;
     const auto blocks = static_cast<unsigned>(std::clamp<int64_t>((largest + kThreads - 1) / kThreads, 1, kMaxBlocks));
-    launch(adamw_kernel, dim3(blocks, static_cast<unsigned>(k)), kThreads, 0, b, static_cast<float>(t.beta1),
-           static_cast<float>(1.0 - t.beta1), static_cast<float>(t.beta2), static_cast<float>(1.0 - t.beta2),
-           static_cast<float>(t.eps));
+    launch(adamw_kernel, dim3(blocks, static_cast<unsigned>(k)), kThreads, 0, b, grad_scale,
+           static_cast<float>(t.beta1), static_cast<float>(1.0 - t.beta1), static_cast<float>(t.beta2),
+           static_cast<float>(1.0 - t.beta2), static_cast<float>(t.eps));
   }
 }
 
