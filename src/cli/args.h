@@ -17,7 +17,7 @@ struct OptionSpec {
   std::string name;        // without dashes, e.g. "max-new-tokens"
   std::string value_name;  // e.g. "N"; empty for a boolean flag
   std::string help;
-  std::string default_value;  // shown in help; empty = no default
+  std::string default_value{};  // shown in help; empty = no default ({} spares aggregates naming it)
   bool required = false;
 };
 
