@@ -21,6 +21,24 @@ namespace linearize::cli {
 
 namespace {
 
+// A model folder's model on --device and its tokenizer: what eval tasks, niah and all read.
+struct EvalModel {
+  CausalLM model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+EvalModel load_eval_model(const std::string& folder, const Args& args) {
+  LoadOptions lo;
+  lo.device = parse_device(args.str("device"));
+  return {load_model(folder, lo), model_tokenizer(folder)};
+}
+
+// --json, --out FILE and --device: the options of the commands whose results go through emit().
+void add_result_options(CommandSpec& spec) {
+  spec.options.push_back({"json", "", "print the results JSON on stdout"});
+  spec.options.push_back({"out", "FILE", "also write the results JSON to FILE"});
+  spec.options.push_back(device_option());
+}
+
 int eval_ppl(const std::vector<std::string>& argv) {
   CommandSpec spec{"eval ppl",
                    "Next-token perplexity over consecutive non-overlapping windows of N tokens (each window\n"
@@ -150,17 +168,12 @@ int eval_tasks(const std::vector<std::string>& argv) {
                    "src/eval/tasks.h): acc, acc_norm, their stderr and each task's headline metric.",
                    "", "", {{"model", "DIR", "model folder", "", true}}, 0, 0};
   for (auto& o : task_options()) spec.options.push_back(o);
-  spec.options.push_back({"json", "", "print the results JSON on stdout"});
-  spec.options.push_back({"out", "FILE", "also write the results JSON to FILE"});
-  spec.options.push_back(device_option());
+  add_result_options(spec);
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   const std::string folder = args.str("model");
-  LoadOptions lo;
-  lo.device = parse_device(args.str("device"));
-  auto model = load_model(folder, lo);
-  auto tok = model_tokenizer(folder);
-  const auto r = run_tasks(model, *tok, folder, args);
+  auto m = load_eval_model(folder, args);
+  const auto r = run_tasks(m.model, *m.tokenizer, folder, args);
   emit(r, args, [&] { print_tasks(r); });
   return 0;
 }
@@ -174,17 +187,12 @@ int eval_niah(const std::vector<std::string>& argv) {
                     {"task", "NAME", "s_niah_1 (noise), s_niah_2 (prose, number), s_niah_3 (prose, UUID)", "s_niah_1"}},
                    0, 0};
   for (auto& o : niah_options("512,1024,2048,4096", "10")) spec.options.push_back(o);
-  spec.options.push_back({"json", "", "print the results JSON on stdout"});
-  spec.options.push_back({"out", "FILE", "also write the results JSON to FILE"});
-  spec.options.push_back(device_option());
+  add_result_options(spec);
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   const std::string folder = args.str("model");
-  LoadOptions lo;
-  lo.device = parse_device(args.str("device"));
-  auto model = load_model(folder, lo);
-  auto tok = model_tokenizer(folder);
-  auto r = run_niah_cli(model, *tok, niah_settings(args, args.str("task")));
+  auto m = load_eval_model(folder, args);
+  auto r = run_niah_cli(m.model, *m.tokenizer, niah_settings(args, args.str("task")));
   r["model"] = folder;
   emit(r, args, [&] { print_niah(r); });
   return 0;
@@ -192,16 +200,13 @@ int eval_niah(const std::vector<std::string>& argv) {
 
 // Tasks and NIAH for one model folder, with the metadata options attached.
 nlohmann::json evaluate_all(const std::string& folder, const Args& args, const std::string& role) {
-  LoadOptions lo;
-  lo.device = parse_device(args.str("device"));
-  auto model = load_model(folder, lo);
-  auto tok = model_tokenizer(folder);
+  auto m = load_eval_model(folder, args);
   std::cerr << "== " << role << " " << folder << "\n";
-  nlohmann::json r = run_tasks(model, *tok, folder, args);
+  nlohmann::json r = run_tasks(m.model, *m.tokenizer, folder, args);
   r["role"] = role;
   r["niah"] = nlohmann::json::object();
   for (const auto& task : args.str_list("niah-tasks"))
-    r["niah"][task] = run_niah_cli(model, *tok, niah_settings(args, task));
+    r["niah"][task] = run_niah_cli(m.model, *m.tokenizer, niah_settings(args, task));
   return r;
 }
 

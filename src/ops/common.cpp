@@ -88,6 +88,16 @@ torch::Tensor gate_heads_first(const torch::Tensor& g, GateKind kind, int64_t B,
   return {};
 }
 
+torch::Tensor decay_state(const torch::Tensor& S, const torch::Tensor& g, GateKind kind, int64_t t) {
+  switch (kind) {
+    case GateKind::None: return S;
+    case GateKind::Fixed: return S * g.exp().view({1, -1, 1, 1});                        // [1,H,1,1]
+    case GateKind::Scalar: return S * g.select(1, t).exp().view({S.size(0), -1, 1, 1});  // [B,H,1,1]
+    case GateKind::Vector: return S * g.select(1, t).exp().unsqueeze(-1);                // [B,H,K,1]
+  }
+  return S;
+}
+
 torch::Tensor pad_dim(const torch::Tensor& x, int64_t dim, int64_t len, double value) {
   const int64_t have = x.size(dim);
   if (have >= len) return x;

@@ -53,6 +53,10 @@ torch::Tensor to_heads_first(const torch::Tensor& x, torch::ScalarType dt);
 torch::Tensor gate_heads_first(const torch::Tensor& g, GateKind kind, int64_t B, int64_t T,
                                torch::ScalarType dt);
 
+// The recurrent forms' decay of the state S [B,H,K,V] at step t: S e^{g_t}, with g the log decay of
+// gate_kind's shapes in S's dtype (undefined for None): [H] (Fixed), [B,T,H] (Scalar) or [B,T,H,K] (Vector).
+torch::Tensor decay_state(const torch::Tensor& S, const torch::Tensor& g, GateKind kind, int64_t t);
+
 // Pads dimension `dim` of x up to `len` with `value` (no copy when already long enough).
 torch::Tensor pad_dim(const torch::Tensor& x, int64_t dim, int64_t len, double value);
 

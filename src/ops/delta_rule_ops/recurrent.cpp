@@ -29,19 +29,12 @@ OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, co
   auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
   auto qf = q.to(dt), kf = k.to(dt), vf = v.to(dt), bf = beta.to(dt);
   torch::Tensor gf = g.defined() ? g.to(dt) : torch::Tensor();
-  torch::Tensor fixed_decay;
-  if (kind == detail::GateKind::Fixed) fixed_decay = gf.exp().view({1, H, 1, 1});  // [1,H,1,1]
 
   std::vector<torch::Tensor> outs;
   outs.reserve(T);
   for (int64_t t = 0; t < T; ++t) {
     auto kt = kf.select(1, t), vt = vf.select(1, t), qt = qf.select(1, t);  // [B,H,K], [B,H,V]
-    switch (kind) {
-      case detail::GateKind::None: break;
-      case detail::GateKind::Fixed: S = S * fixed_decay; break;
-      case detail::GateKind::Scalar: S = S * gf.select(1, t).exp().view({B, H, 1, 1}); break;
-      case detail::GateKind::Vector: S = S * gf.select(1, t).exp().unsqueeze(-1); break;  // [B,H,K,1]
-    }
+    S = detail::decay_state(S, gf, kind, t);
     auto pred = kt.unsqueeze(-2).matmul(S).squeeze(-2);       // [B,H,V]  S'^T k_t
     auto u = bf.select(1, t).unsqueeze(-1) * (vt - pred);     // [B,H,V]
     S = S + kt.unsqueeze(-1) * u.unsqueeze(-2);
