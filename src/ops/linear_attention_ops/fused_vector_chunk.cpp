@@ -8,6 +8,12 @@
 // Two autograd functions for the kernels; the scores' backward takes the walk's dqd, dkd and da back to
 // q, k and g. Kimi Delta Attention (delta_rule_ops/fused_vector_chunk.cpp) asks the scores function for the
 // keys' own scores as well.
+// Head size 128 runs through the same kernels. The output is a sum over key channels,
+//   o_t = Σ_c Σ_{s <= t} q_tc k_sc e^{G_tc - G_sc} v_s,
+// and each value column evolves on its own, so GLA with K = V = 128 is the sum over the two key halves
+// of GLAs with 64 key channels, each run on the two value halves: the scores of the key halves as 2H heads
+// of 64 (a view of q, k and g), the walk over 4H heads (head, key half, value half), each key half's
+// scores and factors repeated for its two value halves.
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -23,6 +29,8 @@ namespace linearize::ops::detail {
 
 #ifdef LINEARIZE_WITH_KERNELS
 namespace {
+
+constexpr int64_t kHead = 64;  // the kernels' head size
 
 using cuda_kernels::present;
 using torch::autograd::AutogradContext;
@@ -102,14 +110,45 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
 #ifdef LINEARIZE_WITH_KERNELS
   if (kind != GateKind::Vector) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
-  if (!dt || !cuda_kernels::vector_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
-  if (q.size(0) * q.size(2) > 65535) return std::nullopt;  // the scores kernels' grid rows
-  auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
-  auto parts = fused_vector_scores(operand(q, *dt), operand(k, *dt), operand(g, torch::kFloat), scale);
-  auto out = VectorWalkFunction::apply(parts[1], parts[2], operand(v, *dt), parts[0], parts[3],
-                                       kernel_state(h0, q.options()));  // parts: A, qd, kd, a
-  auto o = out[0].to(v.scalar_type());
-  return OpResult{o, out[1]};
+  if (!dt) return std::nullopt;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const bool split = K == 2 * kHead && V == 2 * kHead;  // head size 128 as 64-channel parts (see the top)
+  if (!split && !cuda_kernels::vector_decay_chunk_supported(K, V, *dt)) return std::nullopt;
+  if (!split) {
+    if (B * H > 65535) return std::nullopt;  // the scores kernels' grid rows
+    auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
+    auto parts = fused_vector_scores(operand(q, *dt), operand(k, *dt), operand(g, torch::kFloat), scale);
+    auto out = VectorWalkFunction::apply(parts[1], parts[2], operand(v, *dt), parts[0], parts[3],
+                                         kernel_state(h0, q.options()));  // parts: A, qd, kd, a
+    return OpResult{out[0].to(v.scalar_type()), out[1]};
+  }
+  if (!cuda_kernels::vector_decay_chunk_supported(kHead, kHead, *dt) || B * 4 * H > 65535) return std::nullopt;
+  // (head, key half) as 2H heads of 64 channels: a view of the caller's rows.
+  auto key_halves = [&](const torch::Tensor& t, torch::ScalarType to) {
+    return aligned_rows(t.to(to).reshape({B, T, 2 * H, kHead}));
+  };
+  auto parts = fused_vector_scores(key_halves(q, *dt), key_halves(k, *dt), key_halves(g, torch::kFloat), scale);
+  // [B, 2H, ...] -> [B, 4H, ...]: each key half's tensor for both value halves, heads (head, key half, value half).
+  auto per_value_half = [&](const torch::Tensor& t) {
+    auto shape = t.sizes().vec(), spread = shape;
+    spread.insert(spread.begin() + 2, 2);
+    shape[1] *= 2;
+    return t.unsqueeze(2).expand(spread).reshape(shape).contiguous();
+  };
+  // v [B,T,H,128] -> [B,T,4H,64]: value half vh of head h for both key halves.
+  auto vs = v.to(*dt).view({B, T, H, 1, 2, kHead}).expand({B, T, H, 2, 2, kHead}).reshape({B, T, 4 * H, kHead});
+  // h0 [B,H,128,128] (key rows, value columns) -> [B,4H,64,64], block (key half, value half).
+  torch::Tensor h0s;
+  if (h0.defined())
+    h0s = h0.to(torch::kFloat).view({B, H, 2, kHead, 2, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape(
+        {B, 4 * H, kHead, kHead});
+  auto out = VectorWalkFunction::apply(per_value_half(parts[1]), per_value_half(parts[2]), aligned_rows(vs),
+                                       per_value_half(parts[0]), per_value_half(parts[3]),
+                                       kernel_state(h0s, q.options()));
+  // The key halves' outputs summed in fp32; the final state's blocks back in place.
+  auto o = out[0].to(torch::kFloat).view({B, T, H, 2, 2, kHead}).sum(3).reshape({B, T, H, V});
+  auto state = out[1].view({B, H, 2, 2, kHead, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape({B, H, K, V});
+  return OpResult{o.to(v.scalar_type()), state};
 #else
   (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
   return std::nullopt;
