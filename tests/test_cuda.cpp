@@ -413,26 +413,30 @@ TEST(CudaOps, FusedUtTransformMatchesFp32) {
 // The fused delta rule in bf16 and fp16 against the libtorch chunked form in fp32 on the same rounded
 // inputs: o, final state and the gradients of q, k, v, beta, h0 and the decay. Head size 64, no or a
 // scalar decay (the UT transform and the walk of ops/cuda) and a decay per key channel (Kimi Delta
-// Attention: the vector-decay scores, the solve, the vector-decay walk). The libtorch form run in the
-// 16-bit dtype is printed alongside as the round-off to expect.
+// Attention: the vector-decay scores, the solve, the vector-decay walk); KDA at K = V = 128 and at K = 64,
+// V = 128 (the scores kernel on parts of 64 key channels, the rest the libtorch form). The libtorch form
+// run in the 16-bit dtype is printed alongside as the round-off to expect.
 TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
   REQUIRE_KERNELS();
   NoTf32 no_tf32;
-  const int64_t B = 2, T = 333, H = 3, D = 64;
+  const int64_t B = 2, T = 333, H = 3;
   struct Case {
     int gate;
     torch::ScalarType dt;
+    int64_t K = 64, V = 64;  // KDA beyond 64: its scores from the fused kernel in parts of 64 channels
   };
-  const std::vector<Case> cases = {{0, torch::kBFloat16}, {2, torch::kBFloat16}, {2, torch::kHalf},
-                                   {3, torch::kBFloat16}, {3, torch::kHalf}};
+  const std::vector<Case> cases = {{0, torch::kBFloat16},           {2, torch::kBFloat16}, {2, torch::kHalf},
+                                   {3, torch::kBFloat16},           {3, torch::kHalf},
+                                   {3, torch::kBFloat16, 128, 128}, {3, torch::kBFloat16, 64, 128}};
   for (const auto& c : cases) {
     const OpCase op{"delta", Family::DeltaRule, c.gate};
-    SCOPED_TRACE("gate=" + std::to_string(c.gate));
+    const int64_t K = c.K, V = c.V;
+    SCOPED_TRACE("gate=" + std::to_string(c.gate) + " K=" + std::to_string(K) + " V=" + std::to_string(V));
     torch::manual_seed(20 + c.gate);
-    auto base = random_inputs(op, B, T, H, D, D);
+    auto base = random_inputs(op, B, T, H, K, V);
     for (auto* t : {&base.q, &base.k, &base.v}) *t = t->to(c.dt).to(torch::kFloat);  // representable inputs
-    const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-    auto dout = torch::randn({B, T, H, D}, dev), dstate = torch::randn({B, H, D, D}, dev);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(K));
+    auto dout = torch::randn({B, T, H, V}, dev), dstate = torch::randn({B, H, K, V}, dev);
 
     auto run = [&](torch::ScalarType dt, bool fused) {
       auto in = to_device(base, dev, true);
@@ -449,19 +453,21 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
     {
       auto in = to_device(base, dev, false);
       for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
-      const auto kind = ops::detail::gate_kind(in.g, B, T, H, D, "test");
-      const bool taken = c.gate == 3 ? ops::detail::fused_vector_delta_rule_chunk(in.q, in.k, in.v, in.beta, in.g, kind,
-                                                                                 in.h0, scale, 64)
-                                           .has_value()
-                                     : ops::detail::fused_delta_rule_dtype(in.q, in.k, in.v, kind, 64).has_value();
-      ASSERT_TRUE(taken) << "the fused walk should take this case";
+      const auto kind = ops::detail::gate_kind(in.g, B, T, H, K, "test");
+      const bool taken =
+          K != 64 || V != 64 ? ops::detail::vector_scores_by_parts(in.q, in.k, in.v, 64)
+          : c.gate == 3 ? ops::detail::fused_vector_delta_rule_chunk(in.q, in.k, in.v, in.beta, in.g, kind, in.h0, scale, 64)
+                              .has_value()
+                        : ops::detail::fused_delta_rule_dtype(in.q, in.k, in.v, kind, 64).has_value();
+      ASSERT_TRUE(taken) << "the fused kernels should take this case";
     }
     auto ref = run(torch::kFloat, false), fused = run(c.dt, true);
     const auto plain = has_plain_form(kernels, c.dt) ? run(c.dt, false) : std::vector<torch::Tensor>{};
     const std::string line = compare_fused(ref, fused, plain, {"o", "state", "dq", "dk", "dv", "dbeta", "dh0", "dg"});
     EXPECT_EQ(fused[0].scalar_type(), c.dt);
     EXPECT_EQ(fused[1].scalar_type(), torch::kFloat);
-    std::printf("[cuda-fused-delta] gate=%d %s:%s\n", c.gate, c.dt == torch::kHalf ? "fp16" : "bf16", line.c_str());
+    std::printf("[cuda-fused-delta] gate=%d K=%ld V=%ld %s:%s\n", c.gate, static_cast<long>(K), static_cast<long>(V),
+                c.dt == torch::kHalf ? "fp16" : "bf16", line.c_str());
   }
 }
 

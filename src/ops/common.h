@@ -172,6 +172,11 @@ torch::Tensor aligned_rows(torch::Tensor t);
 torch::Tensor kernel_gate(const torch::Tensor& g, GateKind kind, int64_t B, int64_t T, const torch::TensorOptions& like);
 torch::Tensor kernel_state(const torch::Tensor& h0, const torch::TensorOptions& like);
 
+// Whether delta_rule_chunk with a decay per key channel takes its scores and row factors from the fused
+// scores kernel in parts of 64 key channels (K a multiple of 64, the fused form not taking the head size,
+// e.g. K = V = 128) rather than from its libtorch pairwise decays (delta_rule_ops/chunk.cpp).
+bool vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t chunk);
+
 // The chunked form of family B with no decay or a scalar decay per step as fused CUDA kernels: the UT
 // transform (ops/cuda/ut_transform.cu) and the walk over the chunks (ops/cuda/chunk_delta_rule.cu), when
 // they apply: fused_chunk_dtype gives a dtype and the head size is 64. Otherwise nothing, and

@@ -10,7 +10,11 @@
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V'
 // The solve is detail::solve_unit_lower (linalg_solve_triangular, or on CUDA the chunk's inverse from a
 // kernel applied as one batched product). On CUDA with head size 64 the form runs as fused kernels
-// instead (detail::fused_delta_rule_chunk, detail::fused_vector_delta_rule_chunk).
+// instead (detail::fused_delta_rule_chunk, detail::fused_vector_delta_rule_chunk). With a decay per key
+// channel at other head sizes that are multiples of 64 (128: KDA on a teacher with heads of 128) it takes
+// its scores and row factors from the fused scores kernel, run on parts of 64 key channels as heads of
+// their own (the scores are sums over the channels), and the rest as written here: without that, the
+// pairwise decays Γ cost T x 16 x K floats a head and run out of memory at long T.
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; beta [B,T,H]; g undefined / [H] / [B,T,H] / [B,T,H,K]; inside,
 // [B,H,N,C,D]. T is zero-padded to a multiple of C (q, k, v, g and beta zero: padded steps are
@@ -20,6 +24,57 @@
 #include "ops/ops.h"
 
 namespace linearize::ops {
+
+namespace {
+
+// What the chunks' walk starts from, [B,H,N,C,·]: the scores Aqk and L, the row-scaled Q (Qg), the
+// transform's keys diag(beta)(K ⊙ e^G) (Kg), the update's keys (Kd) and the state's decay D (undefined
+// without decay).
+struct ChunkOperands {
+  torch::Tensor Aqk, L, Qg, Kg, Kd, D;
+};
+
+// ChunkOperands for a decay per key channel from the fused scores kernel (vector_decay_scores.cu, head size
+// 64), with the K = 64 m key channels as m heads of 64 each: Aqk and the keys' own scores are the sums of
+// the parts' scores (in fp32), the row factors the parts' side by side. Nothing where the kernel cannot run.
+constexpr int64_t kPart = 64;  // the fused scores kernel's head size
+
+std::optional<ChunkOperands> vector_operands_by_parts(const torch::Tensor& q, const torch::Tensor& k,
+                                                      const torch::Tensor& v, const torch::Tensor& g,
+                                                      const torch::Tensor& bt, double scale, int64_t chunk) {
+  if (!detail::vector_scores_by_parts(q, k, v, chunk)) return std::nullopt;
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), m = K / kPart;
+  const auto dt = detail::fused_chunk_dtype(q, k, v, chunk);
+  auto parts = [&](const torch::Tensor& x, torch::ScalarType to) {  // [B,T,H,K] -> [B,T,H*m,64], a view
+    return detail::aligned_rows(x.to(to).reshape({B, T, H * m, kPart}));
+  };
+  auto s = detail::fused_vector_scores(parts(q, *dt), parts(k, *dt), parts(g, torch::kFloat), scale,
+                                       /*key_scores=*/true);  // A, qd, kd, a, Akk, ek of the parts
+  const int64_t N = s[0].size(2), C = s[0].size(3);
+  auto summed = [&](const torch::Tensor& x) {  // [B,H*m,N,C,C] -> [B,H,N,C,C] fp32
+    return x.to(torch::kFloat).view({B, H, m, N, C, C}).sum(2);
+  };
+  auto side_by_side = [&](const torch::Tensor& x) {  // [B,H*m,N*C,64] -> [B,H,N,C,K]
+    return x.view({B, H, m, N, C, kPart}).permute({0, 1, 3, 4, 2, 5}).reshape({B, H, N, C, K});
+  };
+  ChunkOperands c;
+  c.Aqk = summed(s[0]);  // zeros above the diagonal as the kernel gives them
+  c.L = (summed(s[4]) * bt).tril(-1);  // the keys' scores hold their diagonal
+  c.Qg = side_by_side(s[1]);
+  c.Kd = side_by_side(s[2]);
+  c.D = s[3].view({B, H, m, N, kPart}).permute({0, 1, 3, 2, 4}).reshape({B, H, N, K, 1});
+  c.Kg = side_by_side(s[5]) * bt;
+  return c;
+}
+
+}  // namespace
+
+bool detail::vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    int64_t chunk) {
+  const int64_t K = q.size(3);
+  return K % kPart == 0 && q.size(0) * q.size(2) * (K / kPart) <= 65535 &&  // the kernel's grid rows
+         detail::fused_chunk_dtype(q, k, v, chunk).has_value();
+}
 
 OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
@@ -42,37 +97,42 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
   auto chunked = [&](const torch::Tensor& x) {  // [B,T,H,D] -> [B,H,N,C,D]
     return detail::pad_dim(detail::to_heads_first(x, op_dt), 2, Tp, 0.0).reshape({B, H, N, C, x.size(3)});
   };
-  auto Q = chunked(q), Kc = chunked(k), Vc = chunked(v);
+  auto Vc = chunked(v);
   auto bt = detail::pad_dim(beta.to(dt).transpose(1, 2), 2, Tp, 0.0).reshape({B, H, N, C, 1});  // [B,H,N,C,1]
 
-  torch::Tensor G;  // chunk-local cumulative log decay: [B,H,N,C] or [B,H,N,C,K]
-  if (kind != GateKind::None) {
-    auto gh = detail::pad_dim(detail::gate_heads_first(g, kind, B, T, dt), 2, Tp, 0.0);
-    G = (kind == GateKind::Vector ? gh.reshape({B, H, N, C, K}) : gh.reshape({B, H, N, C})).cumsum(3);
+  std::optional<ChunkOperands> ops;
+  if (kind == GateKind::Vector) ops = vector_operands_by_parts(q, k, v, g, bt, scale, chunk);
+  if (!ops) {
+    ops.emplace();
+    auto Q = chunked(q), Kc = chunked(k);
+    torch::Tensor G;  // chunk-local cumulative log decay: [B,H,N,C] or [B,H,N,C,K]
+    if (kind != GateKind::None) {
+      auto gh = detail::pad_dim(detail::gate_heads_first(g, kind, B, T, dt), 2, Tp, 0.0);
+      G = (kind == GateKind::Vector ? gh.reshape({B, H, N, C, K}) : gh.reshape({B, H, N, C})).cumsum(3);
+    }
+    auto Kb = Kc * bt;  // [B,H,N,C,K]
+    // Scores of beta*K (strictly lower: L) and of Q (diagonal included: Aqk) against K, sharing the decay.
+    auto scores = detail::gated_scores({Kb, Q}, Kc, G, /*strict=*/false);
+    ops->L = scores[0].tril(-1);   // [B,H,N,C,C]
+    ops->Aqk = scores[1] * scale;  // [B,H,N,C,C]
+    ops->Qg = Q * scale, ops->Kd = Kc, ops->Kg = Kb;  // Kg = diag(beta)(K ⊙ e^G)
+    if (kind == GateKind::Vector) {
+      auto Glast = G.select(3, C - 1).unsqueeze(3);  // [B,H,N,1,K]
+      auto eG = G.exp();                             // [B,H,N,C,K]
+      ops->Qg = ops->Qg * eG;
+      ops->Kg = Kb * eG;
+      ops->Kd = Kc * (Glast - G).exp();
+      ops->D = Glast.squeeze(3).exp().unsqueeze(-1);  // [B,H,N,K,1]
+    } else if (kind != GateKind::None) {
+      auto Glast = G.select(3, C - 1).unsqueeze(3);  // [B,H,N,1]
+      auto eG = G.exp().unsqueeze(-1);               // [B,H,N,C,1]
+      ops->Qg = ops->Qg * eG;
+      ops->Kg = Kb * eG;
+      ops->Kd = Kc * (Glast - G).exp().unsqueeze(-1);
+      ops->D = Glast.exp().unsqueeze(-1);  // [B,H,N,1,1]
+    }
   }
-
-  auto Kb = Kc * bt;                                                  // [B,H,N,C,K]
-  // Scores of beta*K (strictly lower: L) and of Q (diagonal included: Aqk) against K, sharing the decay.
-  auto scores = detail::gated_scores({Kb, Q}, Kc, G, /*strict=*/false);
-  auto L = scores[0].tril(-1);     // [B,H,N,C,C]
-  auto Aqk = scores[1] * scale;    // [B,H,N,C,C]
-
-  torch::Tensor Qg = Q * scale, Kd = Kc, Kg = Kb, D;  // Kg = diag(beta)(K ⊙ e^G)
-  if (kind == GateKind::Vector) {
-    auto Glast = G.select(3, C - 1).unsqueeze(3);  // [B,H,N,1,K]
-    auto eG = G.exp();                             // [B,H,N,C,K]
-    Qg = Qg * eG;
-    Kg = Kb * eG;
-    Kd = Kc * (Glast - G).exp();
-    D = Glast.squeeze(3).exp().unsqueeze(-1);  // [B,H,N,K,1]
-  } else if (kind != GateKind::None) {
-    auto Glast = G.select(3, C - 1).unsqueeze(3);  // [B,H,N,1]
-    auto eG = G.exp().unsqueeze(-1);               // [B,H,N,C,1]
-    Qg = Qg * eG;
-    Kg = Kb * eG;
-    Kd = Kc * (Glast - G).exp().unsqueeze(-1);
-    D = Glast.exp().unsqueeze(-1);  // [B,H,N,1,1]
-  }
+  const auto& [Aqk, L, Qg, Kg, Kd, D] = *ops;
 
   // W and U from one unit-lower-triangular solve: (I + L) [W U] = [Kg, diag(beta) V].
   auto WU = detail::solve_unit_lower(L, torch::cat({Kg, Vc * bt}, -1));  // [B,H,N,C,K+V]
