@@ -454,11 +454,14 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
       auto in = to_device(base, dev, false);
       for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
       const auto kind = ops::detail::gate_kind(in.g, B, T, H, K, "test");
-      const bool taken =
-          K != 64 || V != 64 ? ops::detail::vector_scores_by_parts(in.q, in.k, in.v, 64)
-          : c.gate == 3 ? ops::detail::fused_vector_delta_rule_chunk(in.q, in.k, in.v, in.beta, in.g, kind, in.h0, scale, 64)
-                              .has_value()
-                        : ops::detail::fused_delta_rule_dtype(in.q, in.k, in.v, kind, 64).has_value();
+      bool taken = false;
+      if (K != 64 || V != 64)
+        taken = ops::detail::vector_scores_by_parts(in.q, in.k, in.v, 64);
+      else if (c.gate == 3)
+        taken = ops::detail::fused_vector_delta_rule_chunk(in.q, in.k, in.v, in.beta, in.g, kind, in.h0, scale, 64)
+                    .has_value();
+      else
+        taken = ops::detail::fused_delta_rule_dtype(in.q, in.k, in.v, kind, 64).has_value();
       ASSERT_TRUE(taken) << "the fused kernels should take this case";
     }
     auto ref = run(torch::kFloat, false), fused = run(c.dt, true);

@@ -136,11 +136,11 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
     return t.unsqueeze(2).expand(spread).reshape(shape).contiguous();
   };
   // v [B,T,H,128] -> [B,T,4H,64]: value half vh of head h for both key halves.
-  auto vs = v.to(*dt).view({B, T, H, 1, 2, kHead}).expand({B, T, H, 2, 2, kHead}).reshape({B, T, 4 * H, kHead});
+  auto vs = v.to(*dt).reshape({B, T, H, 1, 2, kHead}).expand({B, T, H, 2, 2, kHead}).reshape({B, T, 4 * H, kHead});
   // h0 [B,H,128,128] (key rows, value columns) -> [B,4H,64,64], block (key half, value half).
   torch::Tensor h0s;
   if (h0.defined())
-    h0s = h0.to(torch::kFloat).view({B, H, 2, kHead, 2, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape(
+    h0s = h0.to(torch::kFloat).reshape({B, H, 2, kHead, 2, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape(
         {B, 4 * H, kHead, kHead});
   auto out = VectorWalkFunction::apply(per_value_half(parts[1]), per_value_half(parts[2]), aligned_rows(vs),
                                        per_value_half(parts[0]), per_value_half(parts[3]),
