@@ -292,28 +292,31 @@ std::string compare_fused(const std::vector<torch::Tensor>& ref, const std::vect
 // chunked form in fp32 on the same rounded inputs: o, the final state and the gradients of q, k, v, g and
 // h0 (both outputs carry a loss, so the final state's gradient flows in too). No decay, a fixed and a
 // scalar decay (chunk_scalar_decay.cu; K = V = 64 and 128) and a decay per key channel (the scores and
-// walk kernels; K = V = 64, and 128 as 64-channel parts); T = 333 ends in a partial chunk. The libtorch
-// form fed the same 16-bit inputs is printed beside them for scale.
+// walk kernels; K = V = 64, and K = V = 128 or K = 64, V = 128 as 64-channel parts); T = 333 ends in a
+// partial chunk. The libtorch form fed the same 16-bit inputs is printed beside them for scale.
 TEST(CudaOps, FusedGatedLinearAttentionChunkMatchesFp32) {
   REQUIRE_KERNELS();
   NoTf32 no_tf32;
   const int64_t B = 2, T = 333, H = 3;
   struct Case {
-    int64_t D;
+    int64_t D;  // K, and V unless given
     int gate;
     torch::ScalarType dt;
+    int64_t V = 0;
   };
   const std::vector<Case> cases = {{64, 0, torch::kBFloat16},  {64, 1, torch::kBFloat16}, {64, 2, torch::kBFloat16},
                                    {128, 0, torch::kBFloat16}, {128, 2, torch::kBFloat16}, {64, 2, torch::kHalf},
-                                   {64, 3, torch::kBFloat16},  {64, 3, torch::kHalf},  {128, 3, torch::kBFloat16}};
+                                   {64, 3, torch::kBFloat16},  {64, 3, torch::kHalf},  {128, 3, torch::kBFloat16},
+                                   {64, 3, torch::kBFloat16, 128}};
   for (const auto& c : cases) {
     const OpCase op{"gla", Family::Gla, c.gate};
-    SCOPED_TRACE("D=" + std::to_string(c.D) + " gate=" + std::to_string(c.gate));
+    const int64_t V = c.V > 0 ? c.V : c.D;
+    SCOPED_TRACE("D=" + std::to_string(c.D) + " V=" + std::to_string(V) + " gate=" + std::to_string(c.gate));
     torch::manual_seed(c.D + c.gate);
-    auto base = random_inputs(op, B, T, H, c.D, c.D);
+    auto base = random_inputs(op, B, T, H, c.D, V);
     for (auto* t : {&base.q, &base.k, &base.v}) *t = t->to(c.dt).to(torch::kFloat);  // representable inputs
     const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
-    auto dout = torch::randn({B, T, H, c.D}, dev), dstate = torch::randn({B, H, c.D, c.D}, dev);
+    auto dout = torch::randn({B, T, H, V}, dev), dstate = torch::randn({B, H, c.D, V}, dev);
 
     // o, state and the gradients of q, k, v, g, h0 (g's only when it is data-dependent or fixed).
     auto run = [&](torch::ScalarType dt, bool fused) {
@@ -342,7 +345,8 @@ TEST(CudaOps, FusedGatedLinearAttentionChunkMatchesFp32) {
     const std::string line = compare_fused(ref, fused, plain, {"o", "state", "dq", "dk", "dv", "dh0", "dg"});
     EXPECT_EQ(fused[0].scalar_type(), c.dt);
     EXPECT_EQ(fused[1].scalar_type(), torch::kFloat);
-    std::printf("[cuda-fused-chunk] D=%ld gate=%d %s:%s\n", static_cast<long>(c.D), c.gate,
+    std::printf("[cuda-fused-chunk] D=%ld%s gate=%d %s:%s\n", static_cast<long>(c.D),
+                V != c.D ? (" V=" + std::to_string(V)).c_str() : "", c.gate,
                 c.dt == torch::kHalf ? "fp16" : "bf16", line.c_str());
   }
 }

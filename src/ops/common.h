@@ -114,8 +114,8 @@ std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const t
 
 // The same for a decay per key channel (GLA) through ops/cuda/vector_decay_scores.cu and
 // chunk_vector_decay.cu (linear_attention_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused
-// kernels on, chunk 64, K = V = 64 or 128 (the latter as parts of 64 channels), q, k, v in bf16 or fp16
-// (or fp32 under bf16/fp16 autocast).
+// kernels on, chunk 64, K = V = 64, or K and V other multiples of 64 (as parts of 64 channels), q, k, v in
+// bf16 or fp16 (or fp32 under bf16/fp16 autocast).
 std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk);

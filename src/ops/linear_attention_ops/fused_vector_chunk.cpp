@@ -8,12 +8,12 @@
 // Two autograd functions for the kernels; the scores' backward takes the walk's dqd, dkd and da back to
 // q, k and g. Kimi Delta Attention (delta_rule_ops/fused_vector_chunk.cpp) asks the scores function for the
 // keys' own scores as well.
-// Head size 128 runs through the same kernels. The output is a sum over key channels,
+// Other multiples of 64 (head size 128) run through the same kernels. The output is a sum over key channels,
 //   o_t = Σ_c Σ_{s <= t} q_tc k_sc e^{G_tc - G_sc} v_s,
-// and each value column evolves on its own, so GLA with K = V = 128 is the sum over the two key halves
-// of GLAs with 64 key channels, each run on the two value halves: the scores of the key halves as 2H heads
-// of 64 (a view of q, k and g), the walk over 4H heads (head, key half, value half), each key half's
-// scores and factors repeated for its two value halves.
+// and each value column evolves on its own, so GLA with K = 64 m and V = 64 n is the sum over m key parts
+// of GLAs with 64 key channels, each run on the n value parts: the scores of the key parts as H m heads of
+// 64 (a view of q, k and g), the walk over H m n heads (head, key part, value part), each key part's
+// scores and factors repeated for its value parts.
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -112,42 +112,45 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt) return std::nullopt;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
-  const bool split = K == 2 * kHead && V == 2 * kHead;  // head size 128 as 64-channel parts (see the top)
-  if (!split && !cuda_kernels::vector_decay_chunk_supported(K, V, *dt)) return std::nullopt;
-  if (!split) {
+  auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
+  if (cuda_kernels::vector_decay_chunk_supported(K, V, *dt)) {
     if (B * H > 65535) return std::nullopt;  // the scores kernels' grid rows
-    auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
     auto parts = fused_vector_scores(operand(q, *dt), operand(k, *dt), operand(g, torch::kFloat), scale);
     auto out = VectorWalkFunction::apply(parts[1], parts[2], operand(v, *dt), parts[0], parts[3],
                                          kernel_state(h0, q.options()));  // parts: A, qd, kd, a
     return OpResult{out[0].to(v.scalar_type()), out[1]};
   }
-  if (!cuda_kernels::vector_decay_chunk_supported(kHead, kHead, *dt) || B * 4 * H > 65535) return std::nullopt;
-  // (head, key half) as 2H heads of 64 channels: a view of the caller's rows.
-  auto key_halves = [&](const torch::Tensor& t, torch::ScalarType to) {
-    return aligned_rows(t.to(to).reshape({B, T, 2 * H, kHead}));
+  // Other multiples of 64 as parts (see the top): m key parts, n value parts, m n walks a head.
+  if (K % kHead != 0 || V % kHead != 0 || !cuda_kernels::vector_decay_chunk_supported(kHead, kHead, *dt))
+    return std::nullopt;
+  const int64_t m = K / kHead, n = V / kHead;
+  if (B * H * m * n > 65535) return std::nullopt;
+  // (head, key part) as H m heads of 64 channels: a view of the caller's rows.
+  auto key_parts = [&](const torch::Tensor& t, torch::ScalarType to) {
+    return aligned_rows(t.to(to).reshape({B, T, H * m, kHead}));
   };
-  auto parts = fused_vector_scores(key_halves(q, *dt), key_halves(k, *dt), key_halves(g, torch::kFloat), scale);
-  // [B, 2H, ...] -> [B, 4H, ...]: each key half's tensor for both value halves, heads (head, key half, value half).
-  auto per_value_half = [&](const torch::Tensor& t) {
+  auto parts = fused_vector_scores(key_parts(q, *dt), key_parts(k, *dt), key_parts(g, torch::kFloat), scale);
+  // [B, H m, ...] -> [B, H m n, ...]: each key part's tensor for every value part, heads (head, key part,
+  // value part).
+  auto per_value_part = [&](const torch::Tensor& t) {
     auto shape = t.sizes().vec(), spread = shape;
-    spread.insert(spread.begin() + 2, 2);
-    shape[1] *= 2;
+    spread.insert(spread.begin() + 2, n);
+    shape[1] *= n;
     return t.unsqueeze(2).expand(spread).reshape(shape).contiguous();
   };
-  // v [B,T,H,128] -> [B,T,4H,64]: value half vh of head h for both key halves.
-  auto vs = v.to(*dt).reshape({B, T, H, 1, 2, kHead}).expand({B, T, H, 2, 2, kHead}).reshape({B, T, 4 * H, kHead});
-  // h0 [B,H,128,128] (key rows, value columns) -> [B,4H,64,64], block (key half, value half).
+  // v [B,T,H,V] -> [B,T,H m n,64]: value part j of head h for every key part.
+  auto vs = v.to(*dt).reshape({B, T, H, 1, n, kHead}).expand({B, T, H, m, n, kHead}).reshape({B, T, H * m * n, kHead});
+  // h0 [B,H,K,V] (key rows, value columns) -> [B,H m n,64,64], block (key part, value part).
   torch::Tensor h0s;
   if (h0.defined())
-    h0s = h0.to(torch::kFloat).reshape({B, H, 2, kHead, 2, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape(
-        {B, 4 * H, kHead, kHead});
-  auto out = VectorWalkFunction::apply(per_value_half(parts[1]), per_value_half(parts[2]), aligned_rows(vs),
-                                       per_value_half(parts[0]), per_value_half(parts[3]),
+    h0s = h0.to(torch::kFloat).reshape({B, H, m, kHead, n, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape(
+        {B, H * m * n, kHead, kHead});
+  auto out = VectorWalkFunction::apply(per_value_part(parts[1]), per_value_part(parts[2]), aligned_rows(vs),
+                                       per_value_part(parts[0]), per_value_part(parts[3]),
                                        kernel_state(h0s, q.options()));
-  // The key halves' outputs summed in fp32; the final state's blocks back in place.
-  auto o = out[0].to(torch::kFloat).view({B, T, H, 2, 2, kHead}).sum(3).reshape({B, T, H, V});
-  auto state = out[1].view({B, H, 2, 2, kHead, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape({B, H, K, V});
+  // The key parts' outputs summed in fp32; the final state's blocks back in place.
+  auto o = out[0].to(torch::kFloat).view({B, T, H, m, n, kHead}).sum(3).reshape({B, T, H, V});
+  auto state = out[1].view({B, H, m, n, kHead, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape({B, H, K, V});
   return OpResult{o.to(v.scalar_type()), state};
 #else
   (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
