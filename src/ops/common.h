@@ -127,6 +127,12 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
 // keys' own scores) build on it.
 std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
                                                double scale, bool key_scores = false);
+// The same for q, k, g [B,T,H,K] with K = 64 m channels (any layout and dtype): run as H m heads of 64 channels
+// (head h's parts are heads h m .. h m + m - 1), q and k in the 16-bit dtype dt, g in fp32. The outputs are
+// the parts', [B, H m, ...]; the caller joins them (a score is the sum of its parts').
+std::vector<torch::Tensor> fused_vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k,
+                                                        const torch::Tensor& g, torch::ScalarType dt, double scale,
+                                                        bool key_scores = false);
 
 // The chunked form of family B with a decay per key channel (Kimi Delta Attention) through fused CUDA
 // kernels (delta_rule_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused kernels on, chunk 64,
@@ -175,7 +181,8 @@ torch::Tensor kernel_state(const torch::Tensor& h0, const torch::TensorOptions& 
 // Whether delta_rule_chunk with a decay per key channel takes its scores and row factors from the fused
 // scores kernel in parts of 64 key channels (K a multiple of 64, the fused form not taking the head size,
 // e.g. K = V = 128) rather than from its libtorch pairwise decays (delta_rule_ops/chunk.cpp).
-bool vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, int64_t chunk);
+bool vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                            int64_t chunk);
 
 // The chunked form of family B with no decay or a scalar decay per step as fused CUDA kernels: the UT
 // transform (ops/cuda/ut_transform.cu) and the walk over the chunks (ops/cuda/chunk_delta_rule.cu), when

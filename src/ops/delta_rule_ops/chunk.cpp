@@ -34,22 +34,26 @@ struct ChunkOperands {
   torch::Tensor Aqk, L, Qg, Kg, Kd, D;
 };
 
+constexpr int64_t kPart = 64;  // the fused scores kernel's head size
+
+// Whether q's shape fits the scores kernel in parts: K = 64 m and at most 65535 heads of parts (its grid rows).
+bool fits_in_parts(const torch::Tensor& q) {
+  const int64_t K = q.size(3);
+  return K % kPart == 0 && q.size(0) * q.size(2) * (K / kPart) <= 65535;
+}
+
 // ChunkOperands for a decay per key channel from the fused scores kernel (vector_decay_scores.cu, head size
 // 64), with the K = 64 m key channels as m heads of 64 each: Aqk and the keys' own scores are the sums of
 // the parts' scores (in fp32), the row factors the parts' side by side. Nothing where the kernel cannot run.
-constexpr int64_t kPart = 64;  // the fused scores kernel's head size
-
 std::optional<ChunkOperands> vector_operands_by_parts(const torch::Tensor& q, const torch::Tensor& k,
                                                       const torch::Tensor& v, const torch::Tensor& g,
                                                       const torch::Tensor& bt, double scale, int64_t chunk) {
-  if (!detail::vector_scores_by_parts(q, k, v, chunk)) return std::nullopt;
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), m = K / kPart;
+  if (!fits_in_parts(q)) return std::nullopt;
   const auto dt = detail::fused_chunk_dtype(q, k, v, chunk);
-  auto parts = [&](const torch::Tensor& x, torch::ScalarType to) {  // [B,T,H,K] -> [B,T,H*m,64], a view
-    return detail::aligned_rows(x.to(to).reshape({B, T, H * m, kPart}));
-  };
-  auto s = detail::fused_vector_scores(parts(q, *dt), parts(k, *dt), parts(g, torch::kFloat), scale,
-                                       /*key_scores=*/true);  // A, qd, kd, a, Akk, ek of the parts
+  if (!dt) return std::nullopt;
+  const int64_t B = q.size(0), H = q.size(2), K = q.size(3), m = K / kPart;
+  auto s = detail::fused_vector_scores_by_parts(q, k, g, *dt, scale,
+                                                /*key_scores=*/true);  // A, qd, kd, a, Akk, ek of the parts
   const int64_t N = s[0].size(2), C = s[0].size(3);
   auto summed = [&](const torch::Tensor& x) {  // [B,H*m,N,C,C] -> [B,H,N,C,C] fp32
     return x.to(torch::kFloat).view({B, H, m, N, C, C}).sum(2);
@@ -71,9 +75,7 @@ std::optional<ChunkOperands> vector_operands_by_parts(const torch::Tensor& q, co
 
 bool detail::vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                     int64_t chunk) {
-  const int64_t K = q.size(3);
-  return K % kPart == 0 && q.size(0) * q.size(2) * (K / kPart) <= 65535 &&  // the kernel's grid rows
-         detail::fused_chunk_dtype(q, k, v, chunk).has_value();
+  return fits_in_parts(q) && detail::fused_chunk_dtype(q, k, v, chunk).has_value();
 }
 
 OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -104,6 +104,21 @@ std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const tor
 #endif
 }
 
+std::vector<torch::Tensor> fused_vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k,
+                                                        const torch::Tensor& g, torch::ScalarType dt, double scale,
+                                                        bool key_scores) {
+#ifdef LINEARIZE_WITH_KERNELS
+  const int64_t B = q.size(0), T = q.size(1), parts = q.size(2) * q.size(3) / kHead;
+  auto as_parts = [&](const torch::Tensor& x, torch::ScalarType to) {  // [B,T,H,K] -> [B,T,H m,64]
+    return aligned_rows(x.to(to).reshape({B, T, parts, kHead}));
+  };
+  return fused_vector_scores(as_parts(q, dt), as_parts(k, dt), as_parts(g, torch::kFloat), scale, key_scores);
+#else
+  (void)q, (void)k, (void)g, (void)dt, (void)scale, (void)key_scores;
+  throw std::logic_error("fused_vector_scores_by_parts: not compiled in (CPU build)");
+#endif
+}
+
 std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
@@ -125,11 +140,7 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
     return std::nullopt;
   const int64_t m = K / kHead, n = V / kHead;
   if (B * H * m * n > 65535) return std::nullopt;
-  // (head, key part) as H m heads of 64 channels: a view of the caller's rows.
-  auto key_parts = [&](const torch::Tensor& t, torch::ScalarType to) {
-    return aligned_rows(t.to(to).reshape({B, T, H * m, kHead}));
-  };
-  auto parts = fused_vector_scores(key_parts(q, *dt), key_parts(k, *dt), key_parts(g, torch::kFloat), scale);
+  auto parts = fused_vector_scores_by_parts(q, k, g, *dt, scale);  // heads (head, key part)
   // [B, H m, ...] -> [B, H m n, ...]: each key part's tensor for every value part, heads (head, key part,
   // value part).
   auto per_value_part = [&](const torch::Tensor& t) {
