@@ -127,7 +127,8 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     optimizer->zero_grad();
     // The global batch is drawn on every rank (the order depends only on the seed); each keeps its rows.
     auto rows = loader.next(o.batch, torch::kCPU).narrow(0, rank * per_rank, per_rank);
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble));
+    // Summed where the loss lives and read once a step: a read per micro-batch would wait for each one's backward.
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(o.device));
     for (int64_t a = 0; a < o.grad_accum; ++a) {
       auto batch = rows.narrow(0, a * micro, micro).to(o.device);
       torch::Tensor loss;
@@ -138,7 +139,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
       }
       if (sync) sync->arm(a + 1 == o.grad_accum);
       (loss / static_cast<double>(o.grad_accum)).backward();
-      loss_sum += loss.detach().to(torch::kCPU, torch::kDouble);
+      loss_sum += loss.detach().to(torch::kDouble);
     }
     if (sync) sync->finish();  // .grad = mean over ranks of each rank's mean over its micro-batches
     double loss = loss_sum.item<double>() / static_cast<double>(o.grad_accum);
