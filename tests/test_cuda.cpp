@@ -427,11 +427,13 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
   struct Case {
     int gate;
     torch::ScalarType dt;
-    int64_t K = 64, V = 64;  // KDA beyond 64: its scores from the fused kernel in parts of 64 channels
+    int64_t K = 64, V = 64;  // beyond 64: the kernels in parts of 64 channels (any gate; K = 64 or 128)
   };
-  const std::vector<Case> cases = {{0, torch::kBFloat16},           {2, torch::kBFloat16}, {2, torch::kHalf},
-                                   {3, torch::kBFloat16},           {3, torch::kHalf},
-                                   {3, torch::kBFloat16, 128, 128}, {3, torch::kBFloat16, 64, 128}};
+  const std::vector<Case> cases = {
+      {0, torch::kBFloat16},           {2, torch::kBFloat16},          {2, torch::kHalf},
+      {3, torch::kBFloat16},           {3, torch::kHalf},              {3, torch::kBFloat16, 128, 128},
+      {3, torch::kBFloat16, 64, 128},  {3, torch::kBFloat16, 128, 64}, {0, torch::kBFloat16, 128, 128},
+      {2, torch::kBFloat16, 128, 128}, {1, torch::kHalf, 128, 128},     {3, torch::kBFloat16, 192, 64}};
   for (const auto& c : cases) {
     const OpCase op{"delta", Family::DeltaRule, c.gate};
     const int64_t K = c.K, V = c.V;
@@ -459,9 +461,9 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
       for (auto* t : {&in.q, &in.k, &in.v}) *t = t->to(c.dt);
       const auto kind = ops::detail::gate_kind(in.g, B, T, H, K, "test");
       bool taken = false;
-      if (K != 64 || V != 64)
+      if (K > 128)  // the walk takes 128 key channels at most: the scores from the kernel, the rest libtorch's
         taken = ops::detail::vector_scores_by_parts(in.q, in.k, in.v, 64);
-      else if (c.gate == 3)
+      else if (c.gate == 3 || K != 64 || V != 64)
         taken = ops::detail::fused_vector_delta_rule_chunk(in.q, in.k, in.v, in.beta, in.g, kind, in.h0, scale, 64)
                     .has_value();
       else

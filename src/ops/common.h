@@ -136,8 +136,10 @@ std::vector<torch::Tensor> fused_vector_scores_by_parts(const torch::Tensor& q, 
 
 // The chunked form of family B with a decay per key channel (Kimi Delta Attention) through fused CUDA
 // kernels (delta_rule_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused kernels on, chunk 64,
-// K = V = 64, q, k, v in bf16 or fp16 (or fp32 under bf16/fp16 autocast). Otherwise nothing, and
-// delta_rule_chunk runs its libtorch form. Differentiable in q, k, v, beta, g and h0.
+// K = V = 64, or K = 64 or 128 and V a multiple of 64 (in parts of 64 channels), q, k, v in bf16 or fp16 (or
+// fp32 under bf16/fp16 autocast). At those other head sizes it takes no decay or a decay per step as well
+// (DeltaNet, Gated DeltaNet: the same decay on every key channel). Otherwise nothing, and delta_rule_chunk
+// runs its libtorch form. Differentiable in q, k, v, beta, g and h0.
 std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                       const torch::Tensor& v, const torch::Tensor& beta,
                                                       const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
@@ -180,7 +182,7 @@ torch::Tensor kernel_state(const torch::Tensor& h0, const torch::TensorOptions& 
 
 // Whether delta_rule_chunk with a decay per key channel takes its scores and row factors from the fused
 // scores kernel in parts of 64 key channels (K a multiple of 64, the fused form not taking the head size,
-// e.g. K = V = 128) rather than from its libtorch pairwise decays (delta_rule_ops/chunk.cpp).
+// e.g. K = 256) rather than from its libtorch pairwise decays (delta_rule_ops/chunk.cpp).
 bool vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                             int64_t chunk);
 

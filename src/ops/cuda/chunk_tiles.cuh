@@ -332,10 +332,10 @@ __device__ __forceinline__ void ordered_lower_tiles(uint64_t order, Body body) {
 
 // Rows t0 .. t0+C-1 of head (b, h) of x [B, T, H, D] (row stride H*D), fetched into registers as
 // 16-byte words (zeros past T or before 0) while the block works on the previous chunk, then put into
-// shared memory [C, ld].
-template <int D, typename E, int Threads = kThreads>
+// shared memory [C, ld]. Rows other than C: as many rows of something else (a state of K rows).
+template <int D, typename E, int Threads = kThreads, int Rows = kC>
 struct RowPrefetch {
-  static constexpr int kTotal = kC * D / 8, kWords = (kTotal + Threads - 1) / Threads;
+  static constexpr int kTotal = Rows * D / 8, kWords = (kTotal + Threads - 1) / Threads;
   uint4 w[kWords];
 
   __device__ __forceinline__ void fetch(const E* __restrict__ x, size_t stride, int t0, int T) {
@@ -349,7 +349,7 @@ struct RowPrefetch {
   // A [64, 64] square that holds zeros above its diagonal (scores, their gradients): only the 16-byte words
   // that reach the diagonal or below are read; the others are the zeros they hold.
   __device__ __forceinline__ void fetch_lower(const E* __restrict__ x) {
-    static_assert(D == kC, "a square [64, 64]");
+    static_assert(D == kC && Rows == kC, "a square [64, 64]");
 #pragma unroll
     for (int j = 0; j < kWords; ++j) {
       const int i = threadIdx.x + j * Threads, r = i / (D / 8), c = (i % (D / 8)) * 8;

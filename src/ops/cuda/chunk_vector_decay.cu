@@ -1,4 +1,4 @@
-// A decay per key channel, head size 64: the walk over the chunks of 64, fused, for GLA (family A) and
+// A decay per key channel: the walk over the chunks of 64, fused, for GLA (family A) and
 // for Kimi Delta Attention (family B, the delta rule: Delta = true). The chunk-parallel parts come from
 // elsewhere: the intra-chunk scores A and the row factors qd, kd and a from vector_decay_scores.cu (see
 // ops/linear_attention_ops/fused_vector_chunk.cpp), and for the delta rule the UT transform's W and U
@@ -19,14 +19,18 @@
 //   du = dV',   dw = -dV' S^T,   dS gains -W^T dV'
 // One thread block per (batch, head), 256 threads, every product on tensor cores (chunk_tiles.cuh), its
 // results stored from the accumulators (no fp32 staging area).
+// K = 64 or 128 key channels, V = 64 value columns: a caller with more value columns runs each part of 64
+// as a head of its own (the columns of the state never mix). At K = 128 a block takes about 122 KiB
+// (forward) or 149 KiB (backward) of shared memory, one block an SM.
 // v, o and their gradients are the caller's rows [B, T, H, 64] (zeros past T on the way in, nothing
 // written past T on the way out). What comes from the scores kernels is heads first and padded to whole
-// chunks: qd, kd [B*H, N*64, 64]; A, dA and the stored states [B*H, N, 64, 64]; a, da [B*H, N, 64]; h0
-// and the final state [B*H, 64, 64] fp32. W, U and their gradients are heads first as well,
-// [B*H, N*64, 64].
+// chunks: qd, kd [B*H, N*64, K]; A, dA [B*H, N, 64, 64]; the stored states [B*H, N, K, 64]; a, da
+// [B*H, N, K]; h0 and the final state [B*H, K, 64] fp32. W and its gradient are heads first as well,
+// [B*H, N*64, K], U and dU [B*H, N*64, 64].
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "ops/cuda/chunk_tiles.cuh"
@@ -37,202 +41,228 @@ namespace linearize::ops::cuda_kernels {
 
 namespace {
 
-constexpr int kD = 64;  // K = V
+constexpr int kV = 64;  // value columns a block
 
-using Pads = Pads64;
+// Strides and sizes in shared memory with K key channels: Pads64's for the [64, 64] operands (values, scores),
+// and rows of K channels (qd, kd, w) and states of K rows. At K = 64 these are Pads64's own.
+template <int K>
+struct Pads : Pads64 {
+  static_assert(K == 64 || K == 128, "64 or 128 key channels");
+  static constexpr int ldk = K + 8;                                   // 16-bit rows of K channels
+  static constexpr size_t rowsk = round32(size_t{kC} * ldk * 2);      // [64, ldk] 16-bit
+  static constexpr size_t state16 = round32(size_t{K} * ld * 2);      // [K, ld] 16-bit
+  static constexpr size_t state32 = round32(size_t{K} * ld32 * 4);    // [K, ld32] fp32
+  static constexpr size_t channels = round32(size_t{K} * 4);          // [K] fp32
+};
 
-// Forward: qd, kd, v (u, then V'), A, the state (fp32 and 16-bit), a, and with the delta rule w. About
-// 62 KiB (71 with w); the registers allow two blocks per SM.
-template <bool Delta>
-struct ForwardLayout : Pads {
-  static constexpr size_t q = 0, k = q + rows16, v = k + rows16, A = v + rows16, state = A + rows16;
-  static constexpr size_t state16 = state + mat32, decay = state16 + rows16;
-  static constexpr size_t w = decay + vec, bytes = w + (Delta ? rows16 : 0);
+// Forward: qd, kd, v (u, then V'), A, the state (fp32 and 16-bit), a, and with the delta rule w. At K = 64
+// about 62 KiB (71 with w), and the registers allow two blocks per SM.
+template <bool Delta, int K>
+struct ForwardLayout : Pads<K> {
+  using P = Pads<K>;
+  static constexpr size_t q = 0, k = q + P::rowsk, v = k + P::rowsk, A = v + P::rows16, state = A + P::rows16;
+  static constexpr size_t state16 = state + P::state32, decay = state16 + P::state16;
+  static constexpr size_t w = decay + P::channels, bytes = w + (Delta ? P::rowsk : 0);
 };
 
 // Backward: qd, kd, v (u, then V', then -dV'), do, A, the stored state S (16-bit), dS' (fp32 and
-// 16-bit), a, and with the delta rule w. About 80 KiB (89 with w): two blocks per SM.
-template <bool Delta>
-struct BackwardLayout : Pads {
-  static constexpr size_t q = 0, k = q + rows16, v = k + rows16, dout = v + rows16, A = dout + rows16;
-  static constexpr size_t state16 = A + rows16, dstate = state16 + rows16, dstate16 = dstate + mat32;
-  static constexpr size_t decay = dstate16 + rows16, w = decay + vec;
-  static constexpr size_t bytes = w + (Delta ? rows16 : 0);
+// 16-bit), a, and with the delta rule w. At K = 64 about 80 KiB (89 with w): two blocks per SM.
+template <bool Delta, int K>
+struct BackwardLayout : Pads<K> {
+  using P = Pads<K>;
+  static constexpr size_t q = 0, k = q + P::rowsk, v = k + P::rowsk, dout = v + P::rows16, A = dout + P::rows16;
+  static constexpr size_t state16 = A + P::rows16, dstate = state16 + P::state16, dstate16 = dstate + P::state32;
+  static constexpr size_t decay = dstate16 + P::state16, w = decay + P::channels;
+  static constexpr size_t bytes = w + (Delta ? P::rowsk : 0);
 };
 
-// Where block bh = b H + h's data lie.
+// Where block bh = b H + h's data lie, with K key channels.
+template <int K>
 struct Walk {
   int bh, N, Tp, T;
-  size_t rows;          // row 0 of this head in [B*H, N*64, 64]
+  size_t keys, values;  // row 0 of this head in [B*H, N*64, K] and in [B*H, N*64, 64]
   size_t head, stride;  // row 0 of head (b, h) in the caller's [B, T, H, 64]; its row stride
   __device__ Walk(int n_chunks, int T_, int H) {
     bh = blockIdx.x, N = n_chunks, Tp = n_chunks * kC, T = T_;
-    rows = static_cast<size_t>(bh) * Tp * kD;
-    stride = static_cast<size_t>(H) * kD;
-    head = static_cast<size_t>(bh / H) * T * stride + static_cast<size_t>(bh % H) * kD;
+    keys = static_cast<size_t>(bh) * Tp * K;
+    values = static_cast<size_t>(bh) * Tp * kV;
+    stride = static_cast<size_t>(H) * kV;
+    head = static_cast<size_t>(bh / H) * T * stride + static_cast<size_t>(bh % H) * kV;
   }
-  __device__ size_t square(int n) const { return (static_cast<size_t>(bh) * N + n) * kD * kD; }  // [.., 64, 64]
-  __device__ size_t channels(int n) const { return (static_cast<size_t>(bh) * N + n) * kD; }   // [.., 64]
+  __device__ size_t square(int n) const { return (static_cast<size_t>(bh) * N + n) * kC * kC; }  // [.., 64, 64]
+  __device__ size_t state(int n) const { return (static_cast<size_t>(bh) * N + n) * K * kV; }    // [.., K, 64]
+  __device__ size_t channels(int n) const { return (static_cast<size_t>(bh) * N + n) * K; }      // [.., K]
 };
 
 // The rows of the values in chunk n: the caller's v [B, T, H, 64], or with the delta rule U heads first
 // [B*H, N*64, 64]. The same places take dv (du).
-template <bool Delta, typename E>
-__device__ __forceinline__ void fetch_values(RowPrefetch<kD, E>& next, const E* v, const Walk& at, int n) {
-  if constexpr (Delta) next.fetch(v + at.rows, kD, n * kC, at.Tp);
+template <bool Delta, int K, typename E>
+__device__ __forceinline__ void fetch_values(RowPrefetch<kV, E>& next, const E* v, const Walk<K>& at, int n) {
+  if constexpr (Delta) next.fetch(v + at.values, kV, n * kC, at.Tp);
   else next.fetch(v + at.head, at.stride, n * kC, at.T);
 }
 // Tile (R, Cc) of dv (du) in chunk n, from its accumulator (nothing past T in the caller's rows).
-template <bool Delta, typename E>
-__device__ __forceinline__ void store_value_tile(E* dv, const Walk& at, int n, int R, int Cc, const Acc& acc) {
-  if constexpr (Delta) store_tile16(dv + at.rows + static_cast<size_t>(n * kC + 16 * R) * kD + 16 * Cc, acc, kD);
+template <bool Delta, int K, typename E>
+__device__ __forceinline__ void store_value_tile(E* dv, const Walk<K>& at, int n, int R, int Cc, const Acc& acc) {
+  if constexpr (Delta) store_tile16(dv + at.values + static_cast<size_t>(n * kC + 16 * R) * kV + 16 * Cc, acc, kV);
   else store_tile16_rows(dv + at.head + 16 * Cc, at.stride, n * kC + 16 * R, at.T, acc);
 }
 
-// v (u with the delta rule) [64, ld] -= w S16 tile by tile in place: the chunk's corrected writes V'.
-template <typename E>
+// A [64, K] result tile (R, Cc) from its accumulator into rows of K channels of chunk n (qd, kd, w's gradients).
+template <int K, typename E>
+__device__ __forceinline__ void store_key_tile(E* x, const Walk<K>& at, int n, int R, int Cc, const Acc& acc) {
+  store_tile16(x + at.keys + static_cast<size_t>(n * kC + 16 * R) * K + 16 * Cc, acc, K);
+}
+
+// v (u with the delta rule) [64, ld] -= w S16 tile by tile in place: the chunk's corrected writes V'
+// (w [64, ldk], S16 [K, ld]).
+template <int K, typename E>
 __device__ void correct_writes(E* sv, const E* sw, const E* S16) {
-  each_tile<kD>([&](int R, int Cc) {
+  using P = Pads<K>;
+  each_tile<kV>([&](int R, int Cc) {
     Acc acc;
     zero(acc);
-    product_tile<false, false>(acc, sw, Pads::ld, S16, Pads::ld, R, Cc, 0, kD / 16);
-    subtract_tile16(sv + R * 16 * Pads::ld + Cc * 16, acc, Pads::ld);
+    product_tile<false, false>(acc, sw, P::ldk, S16, P::ld, R, Cc, 0, K / 16);
+    subtract_tile16(sv + R * 16 * P::ld + Cc * 16, acc, P::ld);
   });
 }
 
 // v is the caller's values (GLA) or U (the delta rule, with w = W; w is unused otherwise).
-template <typename E, bool Delta>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename E, bool Delta, int K>
+__global__ void __launch_bounds__(kThreads, K == 64 ? 2 : 1)
     vector_walk_forward_kernel(const E* __restrict__ qd, const E* __restrict__ kd, const E* __restrict__ v,
                                const E* __restrict__ w, const E* __restrict__ A, const float* __restrict__ a,
                                const float* __restrict__ h0, E* __restrict__ o, float* __restrict__ final_state,
                                E* __restrict__ states, int N, int T, int H) {
-  using L = ForwardLayout<Delta>;
+  using L = ForwardLayout<Delta, K>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sA = view<E>(smem, L::A);
   E *S16 = view<E>(smem, L::state16), *sw = view<E>(smem, L::w);
   float *S = view<float>(smem, L::state), *decay = view<float>(smem, L::decay);
-  const Walk at(N, T, H);
-  const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
+  const Walk<K> at(N, T, H);
+  const size_t state_at = static_cast<size_t>(at.bh) * K * kV;
 
-  load_state<kD, kD>(S, L::ld32, h0 != nullptr ? h0 + state_at : nullptr);
+  load_state<K, kV>(S, L::ld32, h0 != nullptr ? h0 + state_at : nullptr);
   __syncthreads();
-  copy_state<kD, kD>(S16, L::ld, S, L::ld32);
-  RowPrefetch<kD, E> nq, nk, nv, nA, nw;
+  copy_state<K, kV>(S16, L::ld, S, L::ld32);
+  RowPrefetch<K, E> nq, nk, nw;
+  RowPrefetch<kV, E> nv, nA;
   float na = 0.f;
   auto fetch = [&](int n) {
     const int t0 = n * kC;
-    nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp);
+    nq.fetch(qd + at.keys, K, t0, at.Tp), nk.fetch(kd + at.keys, K, t0, at.Tp);
     fetch_values<Delta>(nv, v, at, n), nA.fetch_lower(A + at.square(n));
-    if constexpr (Delta) nw.fetch(w + at.rows, kD, t0, at.Tp);
-    if (threadIdx.x < kD) na = a[at.channels(n) + threadIdx.x];
+    if constexpr (Delta) nw.fetch(w + at.keys, K, t0, at.Tp);
+    if (threadIdx.x < K) na = a[at.channels(n) + threadIdx.x];
   };
   fetch(0);
   for (int n = 0; n < N; ++n) {
-    nq.put(sq, L::ld), nk.put(sk, L::ld), nv.put(sv, L::ld), nA.put(sA, L::ld);
-    if constexpr (Delta) nw.put(sw, L::ld);
-    if (threadIdx.x < kD) decay[threadIdx.x] = na;
+    nq.put(sq, L::ldk), nk.put(sk, L::ldk), nv.put(sv, L::ld), nA.put(sA, L::ld);
+    if constexpr (Delta) nw.put(sw, L::ldk);
+    if (threadIdx.x < K) decay[threadIdx.x] = na;
     if (n + 1 < N) fetch(n + 1);  // in flight while this chunk is computed
     __syncthreads();
-    store_state16<kD, kD>(states + at.square(n), S16, L::ld);
+    store_state16<K, kV>(states + at.state(n), S16, L::ld);
     if constexpr (Delta) {
-      correct_writes(sv, sw, S16);
+      correct_writes<K>(sv, sw, S16);
       __syncthreads();
     }
     // o = qd S + A v straight to the caller's rows; S = Diag(a) S + kd^T v (fp32 master only). Every
     // read of S16 this chunk lies before the barrier that precedes its copy.
-    each_tile<kD>([&](int R, int Cc) {
+    each_tile<kV>([&](int R, int Cc) {
       Acc acc;
       zero(acc);
-      product_tile<false, false>(acc, sq, L::ld, S16, L::ld, R, Cc, 0, kD / 16);
+      product_tile<false, false>(acc, sq, L::ldk, S16, L::ld, R, Cc, 0, K / 16);
       product_tile<false, false>(acc, sA, L::ld, sv, L::ld, R, Cc, 0, R + 1);
       store_tile16_rows(o + at.head + 16 * Cc, at.stride, n * kC + 16 * R, at.T, acc);
     });
-    accumulate_state<kD, kD>(
+    accumulate_state<K, kV>(
         S, L::ld32, 1.f,
-        [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, sk, L::ld, sv, L::ld, R, Cc, 0, kC / 16); },
+        [&](Acc& acc, int R, int Cc) { product_tile<true, false>(acc, sk, L::ldk, sv, L::ld, R, Cc, 0, kC / 16); },
         decay);
     __syncthreads();
-    copy_state<kD, kD>(S16, L::ld, S, L::ld32);
+    copy_state<K, kV>(S16, L::ld, S, L::ld32);
   }
-  store_state<kD, kD>(final_state + state_at, S, L::ld32);
+  store_state<K, kV>(final_state + state_at, S, L::ld32);
 }
 
 // v and dv are the caller's values and their gradient (GLA), or U and dU (the delta rule, which also
 // reads w = W and writes dw = dW; both unused otherwise).
-template <typename E, bool Delta>
-__global__ void __launch_bounds__(kThreads, 2)
+template <typename E, bool Delta, int K>
+__global__ void __launch_bounds__(kThreads, K == 64 ? 2 : 1)
     vector_walk_backward_kernel(const E* __restrict__ qd, const E* __restrict__ kd, const E* __restrict__ v,
                                 const E* __restrict__ w, const E* __restrict__ A, const float* __restrict__ a,
                                 const E* __restrict__ states, const E* __restrict__ dout,
                                 const float* __restrict__ d_final, E* __restrict__ dqd, E* __restrict__ dkd,
                                 E* __restrict__ dv, E* __restrict__ dw, E* __restrict__ dA, float* __restrict__ da,
                                 float* __restrict__ d_initial, int N, int T, int H) {
-  using L = BackwardLayout<Delta>;
+  using L = BackwardLayout<Delta, K>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sdo = view<E>(smem, L::dout);
   E *sA = view<E>(smem, L::A), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
   E* sw = view<E>(smem, L::w);
   float *dS = view<float>(smem, L::dstate), *decay = view<float>(smem, L::decay);
-  const Walk at(N, T, H);
-  const size_t state_at = static_cast<size_t>(at.bh) * kD * kD;
+  const Walk<K> at(N, T, H);
+  const size_t state_at = static_cast<size_t>(at.bh) * K * kV;
 
-  load_state<kD, kD>(dS, L::ld32, d_final != nullptr ? d_final + state_at : nullptr);
+  load_state<K, kV>(dS, L::ld32, d_final != nullptr ? d_final + state_at : nullptr);
   __syncthreads();
-  copy_state<kD, kD>(dS16, L::ld, dS, L::ld32);
-  RowPrefetch<kD, E> nq, nk, nv, ndo, nA, nS, nw;
+  copy_state<K, kV>(dS16, L::ld, dS, L::ld32);
+  RowPrefetch<K, E> nq, nk, nw;
+  RowPrefetch<kV, E> nv, ndo, nA;
+  RowPrefetch<kV, E, kThreads, K> nS;  // the stored state, K rows
   float na = 0.f;
   auto fetch = [&](int n) {
     const int t0 = n * kC;
-    nq.fetch(qd + at.rows, kD, t0, at.Tp), nk.fetch(kd + at.rows, kD, t0, at.Tp);
+    nq.fetch(qd + at.keys, K, t0, at.Tp), nk.fetch(kd + at.keys, K, t0, at.Tp);
     fetch_values<Delta>(nv, v, at, n), ndo.fetch(dout + at.head, at.stride, t0, at.T);
     // A's words above the diagonal are zeros and need no read; the delta rule's walk reads them all the same, as
     // the test costs it registers it has not got (ptxas spills).
-    if constexpr (Delta) nA.fetch(A + at.square(n), kD, 0, kC);
+    if constexpr (Delta) nA.fetch(A + at.square(n), kC, 0, kC);
     else nA.fetch_lower(A + at.square(n));
-    nS.fetch(states + at.square(n), kD, 0, kD);
-    if constexpr (Delta) nw.fetch(w + at.rows, kD, t0, at.Tp);
-    if (threadIdx.x < kD) na = a[at.channels(n) + threadIdx.x];
+    nS.fetch(states + at.state(n), kV, 0, K);
+    if constexpr (Delta) nw.fetch(w + at.keys, K, t0, at.Tp);
+    if (threadIdx.x < K) na = a[at.channels(n) + threadIdx.x];
   };
   fetch(N - 1);
   for (int n = N - 1; n >= 0; --n) {
-    const int t0 = n * kC;
-    nq.put(sq, L::ld), nk.put(sk, L::ld), nv.put(sv, L::ld), ndo.put(sdo, L::ld), nA.put(sA, L::ld);
+    nq.put(sq, L::ldk), nk.put(sk, L::ldk), nv.put(sv, L::ld), ndo.put(sdo, L::ld), nA.put(sA, L::ld);
     nS.put(sS, L::ld);
-    if constexpr (Delta) nw.put(sw, L::ld);
-    if (threadIdx.x < kD) decay[threadIdx.x] = na;
+    if constexpr (Delta) nw.put(sw, L::ldk);
+    if (threadIdx.x < K) decay[threadIdx.x] = na;
     if (n > 0) fetch(n - 1);  // in flight while this chunk is computed
     __syncthreads();
     if constexpr (Delta) {
-      correct_writes(sv, sw, sS);  // V', as the forward computed it
+      correct_writes<K>(sv, sw, sS);  // V', as the forward computed it
       __syncthreads();
     }
     // dA = do v^T on and below the diagonal (zeros above), dqd = do S^T and dkd = v dS'^T (from the 16-bit
     // copy), each tile from its accumulator to global memory; da = Σ_v dS' ⊙ S (four threads a row).
-    // Each warp takes the same share of all three (16 tiles each).
+    // Each warp takes the same share of all three.
     E* dA_n = dA + at.square(n);
     square_tiles(
         0,
         [&](int R, int Cc) {
           Acc acc;
           zero(acc);
-          product_tile<false, true>(acc, sdo, L::ld, sv, L::ld, R, Cc, 0, kD / 16);
+          product_tile<false, true>(acc, sdo, L::ld, sv, L::ld, R, Cc, 0, kV / 16);
           store_tile16(dA_n + R * 16 * kC + Cc * 16, acc, kC);
         },
         [&](int R, int Cc) { store_zero_tile16(dA_n + R * 16 * kC + Cc * 16, kC); });
 #pragma unroll
     for (int dk_tile = 0; dk_tile < 2; ++dk_tile)
-      each_tile<kD>([&](int R, int Cc) {
+      each_tile<K>([&](int R, int Cc) {
         Acc acc;
         zero(acc);
-        product_tile<false, true>(acc, dk_tile ? sv : sdo, L::ld, dk_tile ? dS16 : sS, L::ld, R, Cc, 0, kD / 16);
-        store_tile16((dk_tile ? dkd : dqd) + at.rows + static_cast<size_t>(t0 + 16 * R) * kD + 16 * Cc, acc, kD);
+        product_tile<false, true>(acc, dk_tile ? sv : sdo, L::ld, dk_tile ? dS16 : sS, L::ld, R, Cc, 0, kV / 16);
+        store_key_tile(dk_tile ? dkd : dqd, at, n, R, Cc, acc);
       });
-    {
-      const int r = threadIdx.x / 4, c0 = (threadIdx.x % 4) * (kD / 4);
+#pragma unroll
+    for (int r0 = 0; r0 < K; r0 += kThreads / 4) {
+      const int r = r0 + threadIdx.x / 4, c0 = (threadIdx.x % 4) * (kV / 4);
       float part = 0.f, s[8];
 #pragma unroll
-      for (int c = c0; c < c0 + kD / 4; c += 8) {
+      for (int c = c0; c < c0 + kV / 4; c += 8) {
         unpack8<E>(*reinterpret_cast<const uint4*>(sS + r * L::ld + c), s);
 #pragma unroll
         for (int j = 0; j < 8; ++j) part += dS[r * L::ld32 + c + j] * s[j];
@@ -243,11 +273,11 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();  // da has read dS', which takes its update next (and with the delta rule V' takes -dV')
     // dv = A^T do + kd dS' to global memory (with the delta rule: du = dV', and -dV' where V' was).
-    each_tile<kD>([&](int R, int Cc) {
+    each_tile<kV>([&](int R, int Cc) {
       Acc acc;
       zero(acc);
       product_tile<true, false>(acc, sA, L::ld, sdo, L::ld, R, Cc, R, kRowTiles);
-      product_tile<false, false>(acc, sk, L::ld, dS16, L::ld, R, Cc, 0, kD / 16);
+      product_tile<false, false>(acc, sk, L::ldk, dS16, L::ld, R, Cc, 0, K / 16);
       store_value_tile<Delta>(dv, at, n, R, Cc, acc);
       if constexpr (Delta) {
         negate(acc);
@@ -256,69 +286,78 @@ __global__ void __launch_bounds__(kThreads, 2)
     });
     if constexpr (Delta) {
       __syncthreads();
-      each_tile<kD>([&](int R, int Cc) {  // dw = -dV' S^T
+      each_tile<K>([&](int R, int Cc) {  // dw = -dV' S^T
         Acc acc;
         zero(acc);
-        product_tile<false, true>(acc, sv, L::ld, sS, L::ld, R, Cc, 0, kD / 16);
-        store_tile16(dw + at.rows + static_cast<size_t>(t0 + 16 * R) * kD + 16 * Cc, acc, kD);
+        product_tile<false, true>(acc, sv, L::ld, sS, L::ld, R, Cc, 0, kV / 16);
+        store_key_tile(dw, at, n, R, Cc, acc);
       });
     }
     // dS = Diag(a) dS' + qd^T do (- W^T dV' with the delta rule). Without the delta rule this runs beside dv's
     // products, which read dS' only through its 16-bit copy.
-    accumulate_state<kD, kD>(
+    accumulate_state<K, kV>(
         dS, L::ld32, 1.f,
         [&](Acc& acc, int R, int Cc) {
-          product_tile<true, false>(acc, sq, L::ld, sdo, L::ld, R, Cc, 0, kRowTiles);
-          if constexpr (Delta) product_tile<true, false>(acc, sw, L::ld, sv, L::ld, R, Cc, 0, kRowTiles);
+          product_tile<true, false>(acc, sq, L::ldk, sdo, L::ld, R, Cc, 0, kRowTiles);
+          if constexpr (Delta) product_tile<true, false>(acc, sw, L::ldk, sv, L::ld, R, Cc, 0, kRowTiles);
         },
         decay);
     __syncthreads();
-    copy_state<kD, kD>(dS16, L::ld, dS, L::ld32);  // read only after the next chunk's first barrier
+    copy_state<K, kV>(dS16, L::ld, dS, L::ld32);  // read only after the next chunk's first barrier
   }
-  if (d_initial != nullptr) store_state<kD, kD>(d_initial + state_at, dS, L::ld32);
+  if (d_initial != nullptr) store_state<K, kV>(d_initial + state_at, dS, L::ld32);
 }
 
 struct WalkShape {
-  int64_t B, T, H, N;
+  int64_t B, T, H, N, K;
   int64_t BH() const { return B * H; }
 };
 
-// qd, kd [B,H,N*64,64] in v's dtype, A [B,H,N,64,64] in v's dtype, a [B,H,N,64] fp32, all contiguous.
+// fn(std::integral_constant<int, K>) for the key channels the kernels are built for (walk_keys_supported).
+template <typename Fn>
+void dispatch_keys(int64_t K, Fn fn) {
+  if (K == 64) fn(std::integral_constant<int, 64>{});
+  else fn(std::integral_constant<int, 128>{});
+}
+
+// qd, kd [B,H,N*64,K] in v's dtype, A [B,H,N,64,64] in v's dtype, a [B,H,N,K] fp32, all contiguous.
 void check_walk_inputs(const WalkShape& p, torch::ScalarType dt, const torch::Tensor& qd, const torch::Tensor& kd,
                        const torch::Tensor& A, const torch::Tensor& a) {
-  const std::vector<int64_t> rows{p.B, p.H, p.N * kC, kD};
+  const std::vector<int64_t> rows{p.B, p.H, p.N * kC, p.K};
+  TORCH_CHECK(vector_walk_supported(p.K, dt), "fused vector-decay walk: 64 or 128 key channels in bf16 or fp16; got ",
+              p.K, " in ", dt);
   TORCH_CHECK(qd.sizes() == torch::IntArrayRef(rows) && kd.sizes() == qd.sizes() && qd.scalar_type() == dt &&
                   kd.scalar_type() == dt && qd.is_contiguous() && kd.is_contiguous(),
               "fused vector-decay walk: qd and kd must be ", torch::IntArrayRef(rows), " in the values' dtype, "
               "contiguous; got ", qd.sizes(), " ", kd.sizes());
   TORCH_CHECK(A.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && A.scalar_type() == dt && A.is_contiguous(),
               "fused vector-decay walk: A must be [B,H,N,64,64] in the values' dtype; got ", A.sizes());
-  TORCH_CHECK(a.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kD}) && a.scalar_type() == torch::kFloat &&
+  TORCH_CHECK(a.sizes() == torch::IntArrayRef({p.B, p.H, p.N, p.K}) && a.scalar_type() == torch::kFloat &&
                   a.is_contiguous(),
-              "fused vector-decay walk: a must be [B,H,N,64] fp32; got ", a.sizes(), " ", a.scalar_type());
+              "fused vector-decay walk: a must be [B,H,N,", p.K, "] fp32; got ", a.sizes(), " ", a.scalar_type());
 }
 
-// GLA: v [B,T,H,64] bf16 or fp16.
+// GLA: v [B,T,H,64] bf16 or fp16; K from qd.
 WalkShape walk_shape(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v, const torch::Tensor& A,
                      const torch::Tensor& a) {
-  TORCH_CHECK(v.dim() == 4 && v.size(3) == kD && vector_decay_chunk_supported(kD, kD, v.scalar_type()) &&
-                  v.is_contiguous(),
-              "fused vector-decay walk: expects v [B,T,H,64] bf16 or fp16, contiguous; got ", v.sizes(), " ",
-              v.scalar_type());
-  const WalkShape p{v.size(0), v.size(1), v.size(2), (v.size(1) + kC - 1) / kC};
+  TORCH_CHECK(v.dim() == 4 && v.size(3) == kV && qd.dim() == 4 && v.is_contiguous(),
+              "fused vector-decay walk: expects v [B,T,H,64], contiguous, and qd [B,H,N*64,K]; got ", v.sizes(), " ",
+              qd.sizes());
+  const WalkShape p{v.size(0), v.size(1), v.size(2), (v.size(1) + kC - 1) / kC, qd.size(3)};
   check_walk_inputs(p, v.scalar_type(), qd, kd, A, a);
   return p;
 }
 
-// The delta rule: w, u [B,H,N*64,64] bf16 or fp16 with N = ceil(T / 64).
+// The delta rule: w [B,H,N*64,K] and u [B,H,N*64,64] bf16 or fp16 with N = ceil(T / 64).
 WalkShape delta_walk_shape(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
                            const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a, int64_t T) {
-  TORCH_CHECK(u.dim() == 4 && u.size(3) == kD && T >= 0 && u.size(2) == (T + kC - 1) / kC * kC &&
-                  vector_decay_chunk_supported(kD, kD, u.scalar_type()) && u.is_contiguous() &&
-                  w.sizes() == u.sizes() && w.scalar_type() == u.scalar_type() && w.is_contiguous(),
-              "fused vector-decay delta walk: expects w and u [B,H,N*64,64] bf16 or fp16 with N = ceil(T/64) = ",
-              (T + kC - 1) / kC, ", contiguous; got ", w.sizes(), " ", u.sizes(), " ", u.scalar_type());
-  const WalkShape p{u.size(0), T, u.size(1), u.size(2) / kC};
+  TORCH_CHECK(u.dim() == 4 && u.size(3) == kV && T >= 0 && u.size(2) == (T + kC - 1) / kC * kC && u.is_contiguous() &&
+                  w.dim() == 4 && w.sizes().slice(0, 3) == u.sizes().slice(0, 3) &&
+                  w.scalar_type() == u.scalar_type() && w.is_contiguous(),
+              "fused vector-decay delta walk: expects w [B,H,N*64,K] and u [B,H,N*64,64] of one dtype with N = "
+              "ceil(T/64) = ", (T + kC - 1) / kC, ", contiguous; got ", w.sizes(), " ", u.sizes(), " ",
+              u.scalar_type());
+  const WalkShape p{u.size(0), T, u.size(1), u.size(2) / kC, w.size(3)};
   check_walk_inputs(p, u.scalar_type(), qd, kd, A, a);
   return p;
 }
@@ -327,21 +366,27 @@ template <bool Delta>
 VectorWalkForward walk_forward(const WalkShape& p, const torch::Tensor& qd, const torch::Tensor& kd,
                                const torch::Tensor& v, const torch::Tensor& w, const torch::Tensor& A,
                                const torch::Tensor& a, const torch::Tensor& h0) {
+  TORCH_CHECK(!h0.defined() || (h0.sizes() == torch::IntArrayRef({p.B, p.H, p.K, kV}) && h0.is_contiguous()),
+              "fused vector-decay walk: h0 must be [B,H,K,64] fp32, contiguous; got ", h0.sizes());
   const c10::cuda::CUDAGuard guard(qd.device());
   VectorWalkForward out;
-  out.o = torch::empty({p.B, p.T, p.H, kD}, v.options());
-  out.final_state = torch::empty({p.B, p.H, kD, kD}, v.options().dtype(torch::kFloat));
-  out.states = torch::empty({p.B, p.H, p.N, kD, kD}, v.options());
+  out.o = torch::empty({p.B, p.T, p.H, kV}, v.options());
+  out.final_state = torch::empty({p.B, p.H, p.K, kV}, v.options().dtype(torch::kFloat));
+  out.states = torch::empty({p.B, p.H, p.N, p.K, kV}, v.options());
   if (p.N == 0 || p.BH() == 0) {
     out.final_state.copy_(h0.defined() ? h0 : torch::zeros_like(out.final_state));
     return out;
   }
   dispatch_16bit(qd.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
-    launch(vector_walk_forward_kernel<E, Delta>, static_cast<unsigned>(p.BH()), kThreads, ForwardLayout<Delta>::bytes,
-           data_as<E>(qd), data_as<E>(kd), data_as<E>(v), Delta ? data_as<E>(w) : nullptr, data_as<E>(A),
-           a.data_ptr<float>(), ptr_or_null(h0), data_as<E>(out.o), out.final_state.data_ptr<float>(),
-           data_as<E>(out.states), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H));
+    dispatch_keys(p.K, [&](auto keys) {
+      constexpr int K = decltype(keys)::value;
+      launch(vector_walk_forward_kernel<E, Delta, K>, static_cast<unsigned>(p.BH()), kThreads,
+             ForwardLayout<Delta, K>::bytes, data_as<E>(qd), data_as<E>(kd), data_as<E>(v),
+             Delta ? data_as<E>(w) : nullptr, data_as<E>(A), a.data_ptr<float>(), ptr_or_null(h0), data_as<E>(out.o),
+             out.final_state.data_ptr<float>(), data_as<E>(out.states), static_cast<int>(p.N), static_cast<int>(p.T),
+             static_cast<int>(p.H));
+    });
   });
   return out;
 }
@@ -351,12 +396,15 @@ VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const
                               const torch::Tensor& v, const torch::Tensor& w, const torch::Tensor& A,
                               const torch::Tensor& a, const torch::Tensor& states, const torch::Tensor& d_out,
                               const torch::Tensor& d_final, bool want_d_initial) {
-  TORCH_CHECK(d_out.sizes() == torch::IntArrayRef({p.B, p.T, p.H, kD}) && d_out.scalar_type() == qd.scalar_type() &&
+  TORCH_CHECK(d_out.sizes() == torch::IntArrayRef({p.B, p.T, p.H, kV}) && d_out.scalar_type() == qd.scalar_type() &&
                   d_out.is_contiguous(),
               "fused vector-decay walk: d_out must be [B,T,H,64] in the values' dtype, contiguous; got ", d_out.sizes(),
               " ", d_out.scalar_type());
-  TORCH_CHECK(states.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kD, kD}) && states.scalar_type() == qd.scalar_type(),
-              "fused vector-decay walk: the stored states must be [B,H,N,64,64]; got ", states.sizes());
+  TORCH_CHECK(states.sizes() == torch::IntArrayRef({p.B, p.H, p.N, p.K, kV}) && states.scalar_type() == qd.scalar_type(),
+              "fused vector-decay walk: the stored states must be [B,H,N,K,64]; got ", states.sizes());
+  TORCH_CHECK(!d_final.defined() || (d_final.sizes() == torch::IntArrayRef({p.B, p.H, p.K, kV}) &&
+                                     d_final.is_contiguous()),
+              "fused vector-decay walk: d_final must be [B,H,K,64] fp32, contiguous; got ", d_final.sizes());
   const c10::cuda::CUDAGuard guard(qd.device());
   VectorWalkGrads out;
   out.dqd = torch::empty_like(qd);
@@ -365,19 +413,22 @@ VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const
   if (Delta) out.dw = torch::empty_like(w);
   out.dA = torch::empty_like(A);
   out.da = torch::empty_like(a);
-  if (want_d_initial) out.d_initial = torch::empty({p.B, p.H, kD, kD}, a.options());
+  if (want_d_initial) out.d_initial = torch::empty({p.B, p.H, p.K, kV}, a.options());
   if (p.N == 0 || p.BH() == 0) {
     if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
     return out;
   }
   dispatch_16bit(qd.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
-    launch(vector_walk_backward_kernel<E, Delta>, static_cast<unsigned>(p.BH()), kThreads,
-           BackwardLayout<Delta>::bytes, data_as<E>(qd), data_as<E>(kd), data_as<E>(v),
-           Delta ? data_as<E>(w) : nullptr, data_as<E>(A), a.data_ptr<float>(), data_as<E>(states),
-           data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dqd), data_as<E>(out.dkd), data_as<E>(out.dv),
-           Delta ? data_as<E>(out.dw) : nullptr, data_as<E>(out.dA), out.da.data_ptr<float>(),
-           out_or_null(out.d_initial), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H));
+    dispatch_keys(p.K, [&](auto keys) {
+      constexpr int K = decltype(keys)::value;
+      launch(vector_walk_backward_kernel<E, Delta, K>, static_cast<unsigned>(p.BH()), kThreads,
+             BackwardLayout<Delta, K>::bytes, data_as<E>(qd), data_as<E>(kd), data_as<E>(v),
+             Delta ? data_as<E>(w) : nullptr, data_as<E>(A), a.data_ptr<float>(), data_as<E>(states),
+             data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dqd), data_as<E>(out.dkd), data_as<E>(out.dv),
+             Delta ? data_as<E>(out.dw) : nullptr, data_as<E>(out.dA), out.da.data_ptr<float>(),
+             out_or_null(out.d_initial), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H));
+    });
   });
   return out;
 }
@@ -385,7 +436,11 @@ VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const
 }  // namespace
 
 bool vector_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt) {
-  return K == kD && V == kD && (dt == torch::kBFloat16 || dt == torch::kHalf);
+  return K == 64 && V == kV && (dt == torch::kBFloat16 || dt == torch::kHalf);
+}
+
+bool vector_walk_supported(int64_t K, torch::ScalarType dt) {
+  return (K == 64 || K == 128) && (dt == torch::kBFloat16 || dt == torch::kHalf);
 }
 
 VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v,

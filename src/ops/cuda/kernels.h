@@ -169,6 +169,8 @@ UtGrads ut_transform_given_backward(const torch::Tensor& scores, const torch::Te
 // contiguous; what passes from the first part to the second is heads first and padded to whole chunks,
 // [B,H,N*64,64] with N = ceil(T / 64).
 bool vector_decay_chunk_supported(int64_t K, int64_t V, torch::ScalarType dt);
+// Whether the walks below take K key channels (64 or 128; the values always 64 columns) in dt.
+bool vector_walk_supported(int64_t K, torch::ScalarType dt);
 
 // The intra-chunk scores and the walk's row factors (ops/cuda/vector_decay_scores.cu), from q, k [B,T,H,64]
 // (one 16-bit dtype) and g the per-step log decay per key channel [B,T,H,64] fp32, with G its cumulative
@@ -194,10 +196,10 @@ VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Te
                                          const torch::Tensor& dek = {});
 
 // The walk over the chunks (ops/cuda/chunk_vector_decay.cu): o = qd S + A v, S' = Diag(a) S + kd^T v per
-// chunk. qd, kd [B,H,N*64,64] and v [B,T,H,64], contiguous (one 16-bit dtype); A [B,H,N,64,64] (the same
-// dtype, zeros above the diagonal as vector_scores_forward gives it); a [B,H,N,64] fp32 (the chunk's decay per
-// key channel); h0 [B,H,64,64] fp32 or undefined. Returns
-// o [B,T,H,64] (v's dtype), the final state fp32 and the state entering every chunk [B,H,N,64,64] (16-bit,
+// chunk. qd, kd [B,H,N*64,K] (K = 64 or 128) and v [B,T,H,64], contiguous (one 16-bit dtype); A
+// [B,H,N,64,64] (the same dtype, zeros above the diagonal as vector_scores_forward gives it); a [B,H,N,K]
+// fp32 (the chunk's decay per key channel); h0 [B,H,K,64] fp32 or undefined. Returns
+// o [B,T,H,64] (v's dtype), the final state fp32 and the state entering every chunk [B,H,N,K,64] (16-bit,
 // for the backward).
 struct VectorWalkForward {
   torch::Tensor o, final_state, states;
@@ -216,13 +218,14 @@ VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tenso
 // The same walk for the delta rule with a decay per key channel (Kimi Delta Attention; ops/delta_rule_ops/
 // fused_vector_chunk.cpp): the values are the corrected writes V' = U - W S of each chunk, so
 //   o = qd S + A V',   S' = Diag(a) S + kd^T V'.
-// qd, kd as above (qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k), A the scaled q-k scores; w, u [B,H,N*64,64]
-// (the UT transform's W = (I + L)^{-1} diag(beta) (e^G ⊙ k) and U = (I + L)^{-1} diag(beta) v, zero past
-// T), all one 16-bit dtype; T the sequence length. Returns o [B,T,H,64], the final state and the states.
+// qd, kd as above (qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k), A the scaled q-k scores; w [B,H,N*64,K], u
+// [B,H,N*64,64] (the UT transform's W = (I + L)^{-1} diag(beta) (e^G ⊙ k) and U = (I + L)^{-1} diag(beta) v,
+// zero past T), all one 16-bit dtype; T the sequence length. Returns o [B,T,H,64], the final state and the
+// states.
 VectorWalkForward vector_delta_walk_forward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
                                             const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a,
                                             const torch::Tensor& h0, int64_t T);
-// Its backward: dqd, dkd, dA, da, d_initial as above, and dv = dU, dw = dW [B,H,N*64,64].
+// Its backward: dqd, dkd, dA, da, d_initial as above, and dv = dU [B,H,N*64,64], dw = dW [B,H,N*64,K].
 VectorWalkGrads vector_delta_walk_backward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
                                            const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a,
                                            const torch::Tensor& states, const torch::Tensor& d_out,

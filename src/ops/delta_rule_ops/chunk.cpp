@@ -9,9 +9,9 @@
 //   O  = scale (Q ⊙ e^G) S^(n) + Aqk V'
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V'
 // The solve is detail::solve_unit_lower (linalg_solve_triangular, or on CUDA the chunk's inverse from a
-// kernel applied as one batched product). On CUDA with head size 64 the form runs as fused kernels
-// instead (detail::fused_delta_rule_chunk, detail::fused_vector_delta_rule_chunk). With a decay per key
-// channel at other head sizes that are multiples of 64 (128: KDA on a teacher with heads of 128) it takes
+// kernel applied as one batched product). On CUDA with head size 64, or 64 or 128 key channels and a
+// multiple of 64 value columns, the form runs as fused kernels instead (detail::fused_delta_rule_chunk,
+// detail::fused_vector_delta_rule_chunk). With a decay per key channel at larger multiples of 64 it takes
 // its scores and row factors from the fused scores kernel, run on parts of 64 key channels as heads of
 // their own (the scores are sums over the channels), and the rest as written here: without that, the
 // pairwise decays Γ cost T x 16 x K floats a head and run out of memory at long T.
