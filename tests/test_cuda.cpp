@@ -292,8 +292,8 @@ std::string compare_fused(const std::vector<torch::Tensor>& ref, const std::vect
 // chunked form in fp32 on the same rounded inputs: o, the final state and the gradients of q, k, v, g and
 // h0 (both outputs carry a loss, so the final state's gradient flows in too). No decay, a fixed and a
 // scalar decay (chunk_scalar_decay.cu; K = V = 64 and 128) and a decay per key channel (the scores and
-// walk kernels; K = V = 64, and K = V = 128 or K = 64, V = 128 as 64-channel parts); T = 333 ends in a
-// partial chunk. The libtorch form fed the same 16-bit inputs is printed beside them for scale.
+// walk kernels; K = V = 64, and K = V = 128, K = 64, V = 128 or K = 256 in parts: two key groups of 128
+// whose outputs are summed); T = 333 ends in a partial chunk. The libtorch form fed the same 16-bit inputs is printed beside them for scale.
 TEST(CudaOps, FusedGatedLinearAttentionChunkMatchesFp32) {
   REQUIRE_KERNELS();
   NoTf32 no_tf32;
@@ -307,7 +307,7 @@ TEST(CudaOps, FusedGatedLinearAttentionChunkMatchesFp32) {
   const std::vector<Case> cases = {{64, 0, torch::kBFloat16},  {64, 1, torch::kBFloat16}, {64, 2, torch::kBFloat16},
                                    {128, 0, torch::kBFloat16}, {128, 2, torch::kBFloat16}, {64, 2, torch::kHalf},
                                    {64, 3, torch::kBFloat16},  {64, 3, torch::kHalf},  {128, 3, torch::kBFloat16},
-                                   {64, 3, torch::kBFloat16, 128}};
+                                   {64, 3, torch::kBFloat16, 128}, {256, 3, torch::kBFloat16, 64}};
   for (const auto& c : cases) {
     const OpCase op{"gla", Family::Gla, c.gate};
     const int64_t V = c.V > 0 ? c.V : c.D;

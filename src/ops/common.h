@@ -133,6 +133,18 @@ std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const tor
 std::vector<torch::Tensor> fused_vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k,
                                                         const torch::Tensor& g, torch::ScalarType dt, double scale,
                                                         bool key_scores = false);
+// The same joined for a walk with all K key channels (64 or 128: cuda_kernels::vector_walk_supported): A,
+// and with key_scores Akk, [B,H,N,64,64] the sums of the parts' scores (in fp32, rounded to dt once); qd, kd
+// [B,H,N*64,K] and a [B,H,N,K] the parts' channels side by side; ek, with key_scores, left in parts [B,H m,N*64,64].
+struct JoinedVectorScores {
+  torch::Tensor A, qd, kd, a, Akk, ek_parts;
+};
+JoinedVectorScores fused_vector_scores_joined(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
+                                              torch::ScalarType dt, double scale, bool key_scores = false);
+// [B,H,parts,R,64] -> [B,H,R,64 parts]: the parts' channels side by side.
+torch::Tensor parts_side_by_side(const torch::Tensor& x);
+// x [B,H,...] -> [B,H parts,...]: x for each of `parts` heads (head, part) in a row (x itself when parts is 1).
+torch::Tensor for_each_part(const torch::Tensor& x, int64_t parts);
 
 // The chunked form of family B with a decay per key channel (Kimi Delta Attention) through fused CUDA
 // kernels (delta_rule_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused kernels on, chunk 64,

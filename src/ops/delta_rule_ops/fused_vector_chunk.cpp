@@ -1,5 +1,5 @@
-// Family B with a decay per key channel (Kimi Delta Attention) through fused CUDA kernels, head size 64
-// (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp as three kernels
+// Family B with a decay per key channel (Kimi Delta Attention) through fused CUDA kernels, head sizes of
+// 64 and 128 (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp as three kernels
 // each way:
 //   Aqk, qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k, a = e^{Gl}   GLA's scores kernel, q against k, which
 //   Akk, e^G ⊙ k                                               also gives the keys' own scores (scale 1)
@@ -9,13 +9,14 @@
 // Autograd joins the parts: the walk's dW and dU go back through the transform to Akk, beta, e^G ⊙ k
 // and v, and the scores kernel's backward takes both scores' gradients (and those of the row factors)
 // back to q, k and g in one pass.
-// Head sizes K = 64 m (m = 1 or 2) and V = 64 n other than 64 and 64 run through the same kernels in parts
-// of 64 channels (vector_delta_rule_by_parts below): the scores of the key parts as heads of their own
-// (a score is the sum of its parts'), the UT transform per part (the rows of W and U are the key and
-// value parts of one inverse applied to diag(beta) [e^G ⊙ k, v]), and the walk with all K key channels
-// (the delta rule's correction W S needs them at once) on each part of 64 value columns as a head of its
-// own (the state's columns never mix). DeltaNet and Gated DeltaNet at such head sizes take this path too,
-// their decay (none, or one per step) given to every key channel.
+// The scores and UT kernels take 64 channels, the walk 64 or 128 key channels and 64 value columns, so
+// K = 64 m (m = 1 or 2) and V = 64 n run in parts of 64 channels (vector_delta_rule below): the scores of
+// the key parts as heads of their own (a score is the sum of its parts'), the UT transform per part (the
+// rows of W and U are the key and value parts of one inverse applied to diag(beta) [e^G ⊙ k, v]), and the
+// walk with all K key channels (the delta rule's correction W S needs them at once) on each part of 64
+// value columns as a head of its own (the state's columns never mix). At K = V = 64 there is one part of
+// each. DeltaNet and Gated DeltaNet at head sizes other than 64 take this path too, their decay (none, or
+// one per step) given to every key channel.
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -89,21 +90,6 @@ struct UtGivenFunction : public torch::autograd::Function<UtGivenFunction> {
 
 constexpr int64_t kHead = 64;  // the kernels' parts
 
-// x [B,H,...] -> [B,H parts,...]: x for each of `parts` heads (head, part) in a row.
-torch::Tensor for_each_part(const torch::Tensor& x, int64_t parts) {
-  if (parts == 1) return x;
-  auto shape = x.sizes().vec(), spread = shape;
-  spread.insert(spread.begin() + 2, parts);
-  shape[1] *= parts;
-  return x.unsqueeze(2).expand(spread).reshape(shape);
-}
-
-// [B,H,parts,R,64] -> [B,H,R,64 parts]: the parts' channels side by side.
-torch::Tensor side_by_side(const torch::Tensor& x) {
-  const int64_t B = x.size(0), H = x.size(1), parts = x.size(2), R = x.size(3);
-  return x.permute({0, 1, 3, 2, 4}).reshape({B, H, R, parts * kHead});
-}
-
 // The gate as a decay per key channel [B,T,H,K] fp32: no decay is a log decay of 0 on every channel, a fixed
 // [H] or scalar [B,T,H] one the same decay on every channel.
 torch::Tensor gate_per_channel(const torch::Tensor& g, GateKind kind, const torch::Tensor& q) {
@@ -121,32 +107,26 @@ torch::Tensor gate_per_channel(const torch::Tensor& g, GateKind kind, const torc
 // The UT transform runs on heads (head, j) for j < p = max(m, n), each with the summed keys' scores, key part
 // min(j, m - 1) and value part min(j, n - 1); W takes the first m of them and U the first n (the others'
 // outputs go unused, and so get no gradient).
-OpResult vector_delta_rule_by_parts(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+OpResult vector_delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                     const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
                                     double scale, torch::ScalarType dt) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t m = K / kHead, n = V / kHead, p = std::max(m, n);
-  auto s = fused_vector_scores_by_parts(q, k, g, dt, scale, /*key_scores=*/true);  // Aqk, qd, kd, a, Akk, ek
-  const int64_t N = s[0].size(2), rows = N * kHead;
-  auto summed = [&](const torch::Tensor& x) {  // [B,H m,N,64,64] -> [B,H,N,64,64], the parts' sum in fp32
-    return m == 1 ? x : x.view({B, H, m, N, kHead, kHead}).to(torch::kFloat).sum(2).to(dt);
-  };
-  auto joined = [&](const torch::Tensor& x) {  // [B,H m,R,64] -> [B,H,R,K]
-    return side_by_side(x.view({B, H, m, x.size(2), kHead}));
-  };
-  auto A = summed(s[0]), Akk = summed(s[4]), qd = joined(s[1]), kd = joined(s[2]), a = joined(s[3]);
-
-  auto first_parts = [&](int64_t parts) {  // j -> min(j, parts - 1) for j < p
+  auto s = fused_vector_scores_joined(q, k, g, dt, scale, /*key_scores=*/true);
+  const int64_t rows = s.qd.size(2);
+  auto first_parts = [&](const torch::Tensor& x, int64_t dim) {  // part j -> part min(j, parts - 1), j < p
+    const int64_t parts = x.size(dim);
+    if (parts == p) return x;
     std::vector<int64_t> index(p);
     for (int64_t j = 0; j < p; ++j) index[j] = std::min(j, parts - 1);
-    return torch::tensor(index, torch::TensorOptions().dtype(torch::kLong).device(q.device()));
+    return x.index_select(dim, torch::tensor(index, torch::TensorOptions().dtype(torch::kLong)).to(x.device()));
   };
-  auto ek = s[5].view({B, H, m, rows, kHead}).index_select(2, first_parts(m)).reshape({B, H * p, rows, kHead});
-  auto vp = v.to(dt).reshape({B, T, H, n, kHead}).index_select(3, first_parts(n)).reshape({B, T, H * p, kHead});
+  auto ek = first_parts(s.ek_parts.view({B, H, m, rows, kHead}), 2).reshape({B, H * p, rows, kHead});
+  auto vp = first_parts(v.to(dt).reshape({B, T, H, n, kHead}), 3).reshape({B, T, H * p, kHead});
   auto bt = beta.to(torch::kFloat).transpose(1, 2);  // [B,H,T]
-  auto WU = UtGivenFunction::apply(aligned_rows(for_each_part(Akk, p)), aligned_rows(ek), aligned_rows(vp),
+  auto WU = UtGivenFunction::apply(aligned_rows(for_each_part(s.Akk, p)), aligned_rows(ek), aligned_rows(vp),
                                    aligned_rows(for_each_part(bt, p)));
-  auto W = side_by_side(WU[0].view({B, H, p, rows, kHead}).narrow(2, 0, m));                   // [B,H,rows,K]
+  auto W = parts_side_by_side(WU[0].view({B, H, p, rows, kHead}).narrow(2, 0, m));                   // [B,H,rows,K]
   auto U = WU[1].view({B, H, p, rows, kHead}).narrow(2, 0, n).reshape({B, H * n, rows, kHead});  // (head, part)
 
   // The walk on heads (head, value part), each with every key channel.
@@ -154,7 +134,7 @@ OpResult vector_delta_rule_by_parts(const torch::Tensor& q, const torch::Tensor&
   if (h0.defined())
     h0s = h0.to(torch::kFloat).reshape({B, H, K, n, kHead}).permute({0, 1, 3, 2, 4}).reshape({B, H * n, K, kHead});
   auto each = [&](const torch::Tensor& x) { return aligned_rows(for_each_part(x, n)); };
-  auto out = VectorDeltaWalkFunction::apply(each(qd), each(kd), each(W), aligned_rows(U), each(A), each(a),
+  auto out = VectorDeltaWalkFunction::apply(each(s.qd), each(s.kd), each(W), aligned_rows(U), each(s.A), each(s.a),
                                             kernel_state(h0s, q.options()), T);
   auto state = out[1].view({B, H, n, K, kHead}).permute({0, 1, 3, 2, 4}).reshape({B, H, K, V});
   return OpResult{out[0].reshape({B, T, H, V}).to(v.scalar_type()), state};
@@ -168,25 +148,14 @@ std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, co
                                                       const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
                                                       double scale, int64_t chunk) {
 #ifdef LINEARIZE_WITH_KERNELS
-  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
+  const int64_t B = q.size(0), H = q.size(2), K = q.size(3), V = v.size(3);
   // No decay or one per step at K = V = 64: the scalar-decay kernels (fused_chunk.cpp), which are faster.
   if (kind != GateKind::Vector && K == kHead && V == kHead) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::vector_decay_chunk_supported(kHead, kHead, *dt)) return std::nullopt;
-  if (K != kHead || V != kHead) {
-    const int64_t m = K / kHead, n = V / kHead;
-    if (K % kHead != 0 || V % kHead != 0 || !cuda_kernels::vector_walk_supported(K, *dt)) return std::nullopt;
-    if (B * H * std::max(m, n) > 65535) return std::nullopt;  // the scores and UT kernels' grid rows
-    return vector_delta_rule_by_parts(q, k, v, beta, gate_per_channel(g, kind, q), h0, scale, *dt);
-  }
-  if (B * H > 65535) return std::nullopt;  // the scores kernels' grid rows
-  auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
-  auto qh = operand(q, *dt), kh = operand(k, *dt), gf = operand(g, torch::kFloat);
-  auto s = fused_vector_scores(qh, kh, gf, scale, /*key_scores=*/true);  // Aqk, qd, kd, a, Akk, e^G ⊙ k
-  auto WU = UtGivenFunction::apply(s[4], s[5], operand(v, *dt),
-                                   beta.to(torch::kFloat).transpose(1, 2).contiguous());  // beta [B,H,T]
-  auto out = VectorDeltaWalkFunction::apply(s[1], s[2], WU[0], WU[1], s[0], s[3], kernel_state(h0, q.options()), T);
-  return OpResult{out[0].to(v.scalar_type()), out[1]};
+  if (K % kHead != 0 || V % kHead != 0 || !cuda_kernels::vector_walk_supported(K, *dt)) return std::nullopt;
+  if (B * H * std::max(K, V) / kHead > 65535) return std::nullopt;  // the scores and UT kernels' grid rows
+  return vector_delta_rule(q, k, v, beta, gate_per_channel(g, kind, q), h0, scale, *dt);
 #else
   (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
   return std::nullopt;

@@ -10,10 +10,11 @@
 // keys' own scores as well.
 // Other multiples of 64 (head size 128) run through the same kernels. The output is a sum over key channels,
 //   o_t = Σ_c Σ_{s <= t} q_tc k_sc e^{G_tc - G_sc} v_s,
-// and each value column evolves on its own, so GLA with K = 64 m and V = 64 n is the sum over m key parts
-// of GLAs with 64 key channels, each run on the n value parts: the scores of the key parts as H m heads of
-// 64 (a view of q, k and g), the walk over H m n heads (head, key part, value part), each key part's
-// scores and factors repeated for its value parts.
+// and each value column evolves on its own, so GLA with K = 64 m and V = 64 n is the sum over key groups
+// (of 128 channels, the walk's most, where K allows; of 64 otherwise) of GLAs on the group's channels, each
+// run on the n value parts of 64: the scores of 64-channel parts as heads of their own (a view of q, k and
+// g; a score is the sum of its parts'), the walk over heads (head, key group, value part), each group's
+// scores and factors repeated for its value parts. At K = 128 there is one group, and nothing to sum.
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -67,8 +68,8 @@ struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunct
   }
 };
 
-// qd, kd [B,H,N*64,64] and v [B,T,H,64] (one 16-bit dtype), A [B,H,N,64,64], a [B,H,N,64] fp32, h0 fp32
-// or empty -> o [B,T,H,64], the final state.
+// qd, kd [B,H,N*64,K] (K = 64 or 128) and v [B,T,H,64] (one 16-bit dtype), A [B,H,N,64,64], a [B,H,N,K] fp32,
+// h0 [B,H,K,64] fp32 or empty -> o [B,T,H,64], the final state.
 struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& qd, const torch::Tensor& kd,
                                const torch::Tensor& v, const torch::Tensor& A, const torch::Tensor& a,
@@ -119,6 +120,40 @@ std::vector<torch::Tensor> fused_vector_scores_by_parts(const torch::Tensor& q, 
 #endif
 }
 
+JoinedVectorScores fused_vector_scores_joined(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
+                                              torch::ScalarType dt, double scale, bool key_scores) {
+#ifdef LINEARIZE_WITH_KERNELS
+  const int64_t B = q.size(0), H = q.size(2), m = q.size(3) / kHead;
+  auto s = fused_vector_scores_by_parts(q, k, g, dt, scale, key_scores);
+  const int64_t N = s[0].size(2);
+  auto summed = [&](const torch::Tensor& x) {  // [B,H m,N,64,64] -> [B,H,N,64,64]
+    return m == 1 ? x : x.view({B, H, m, N, kHead, kHead}).to(torch::kFloat).sum(2).to(dt);
+  };
+  auto joined = [&](const torch::Tensor& x) {  // [B,H m,R,64] -> [B,H,R,64 m]
+    return parts_side_by_side(x.view({B, H, m, x.size(2), kHead}));
+  };
+  JoinedVectorScores j{summed(s[0]), joined(s[1]), joined(s[2]), joined(s[3]), {}, {}};
+  if (key_scores) j.Akk = summed(s[4]), j.ek_parts = s[5];
+  return j;
+#else
+  (void)q, (void)k, (void)g, (void)dt, (void)scale, (void)key_scores;
+  throw std::logic_error("fused_vector_scores_joined: not compiled in (CPU build)");
+#endif
+}
+
+torch::Tensor parts_side_by_side(const torch::Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), parts = x.size(2), R = x.size(3);
+  return parts == 1 ? x.view({B, H, R, x.size(4)}) : x.permute({0, 1, 3, 2, 4}).reshape({B, H, R, parts * x.size(4)});
+}
+
+torch::Tensor for_each_part(const torch::Tensor& x, int64_t parts) {
+  if (parts == 1) return x;
+  auto shape = x.sizes().vec(), spread = shape;
+  spread.insert(spread.begin() + 2, parts);
+  shape[1] *= parts;
+  return x.unsqueeze(2).expand(spread).reshape(shape);
+}
+
 std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
@@ -127,41 +162,29 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt) return std::nullopt;
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
-  auto operand = [&](const torch::Tensor& t, torch::ScalarType to) { return aligned_rows(t.to(to)); };
-  if (cuda_kernels::vector_decay_chunk_supported(K, V, *dt)) {
-    if (B * H > 65535) return std::nullopt;  // the scores kernels' grid rows
-    auto parts = fused_vector_scores(operand(q, *dt), operand(k, *dt), operand(g, torch::kFloat), scale);
-    auto out = VectorWalkFunction::apply(parts[1], parts[2], operand(v, *dt), parts[0], parts[3],
-                                         kernel_state(h0, q.options()));  // parts: A, qd, kd, a
-    return OpResult{out[0].to(v.scalar_type()), out[1]};
-  }
-  // Other multiples of 64 as parts (see the top): m key parts, n value parts, m n walks a head.
   if (K % kHead != 0 || V % kHead != 0 || !cuda_kernels::vector_decay_chunk_supported(kHead, kHead, *dt))
     return std::nullopt;
-  const int64_t m = K / kHead, n = V / kHead;
-  if (B * H * m * n > 65535) return std::nullopt;
-  auto parts = fused_vector_scores_by_parts(q, k, g, *dt, scale);  // heads (head, key part)
-  // [B, H m, ...] -> [B, H m n, ...]: each key part's tensor for every value part, heads (head, key part,
-  // value part).
-  auto per_value_part = [&](const torch::Tensor& t) {
-    auto shape = t.sizes().vec(), spread = shape;
-    spread.insert(spread.begin() + 2, n);
-    shape[1] *= n;
-    return t.unsqueeze(2).expand(spread).reshape(shape).contiguous();
-  };
-  // v [B,T,H,V] -> [B,T,H m n,64]: value part j of head h for every key part.
-  auto vs = v.to(*dt).reshape({B, T, H, 1, n, kHead}).expand({B, T, H, m, n, kHead}).reshape({B, T, H * m * n, kHead});
-  // h0 [B,H,K,V] (key rows, value columns) -> [B,H m n,64,64], block (key part, value part).
+  if (B * H * (K / kHead) > 65535) return std::nullopt;  // the scores kernels' grid rows
+  // Key groups of 128 channels where K allows, of 64 otherwise, each walked on its n value parts (see the top).
+  const int64_t group = K % 128 == 0 && cuda_kernels::vector_walk_supported(128, *dt) ? 128 : kHead;
+  const int64_t groups = K / group, n = V / kHead;
+  auto as_groups = [&](const torch::Tensor& x) { return x.reshape({B, T, H * groups, group}); };
+  auto s = fused_vector_scores_joined(as_groups(q), as_groups(k), as_groups(g), *dt, scale);  // heads (head, group)
+  auto each = [&](const torch::Tensor& x) { return aligned_rows(for_each_part(x, n)); };  // heads (.., value part)
+  // v [B,T,H,V] -> [B,T,H groups n,64]: value part j of head h for every key group.
+  auto vs = v.to(*dt).reshape({B, T, H, 1, n, kHead}).expand({B, T, H, groups, n, kHead}).reshape(
+      {B, T, H * groups * n, kHead});
+  // h0 [B,H,K,V] (key rows, value columns) -> [B,H groups n,group,64], block (key group, value part).
   torch::Tensor h0s;
   if (h0.defined())
-    h0s = h0.to(torch::kFloat).reshape({B, H, m, kHead, n, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape(
-        {B, H * m * n, kHead, kHead});
-  auto out = VectorWalkFunction::apply(per_value_part(parts[1]), per_value_part(parts[2]), aligned_rows(vs),
-                                       per_value_part(parts[0]), per_value_part(parts[3]),
+    h0s = h0.to(torch::kFloat).reshape({B, H, groups, group, n, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape(
+        {B, H * groups * n, group, kHead});
+  auto out = VectorWalkFunction::apply(each(s.qd), each(s.kd), aligned_rows(vs), each(s.A), each(s.a),
                                        kernel_state(h0s, q.options()));
-  // The key parts' outputs summed in fp32; the final state's blocks back in place.
-  auto o = out[0].to(torch::kFloat).view({B, T, H, m, n, kHead}).sum(3).reshape({B, T, H, V});
-  auto state = out[1].view({B, H, m, n, kHead, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape({B, H, K, V});
+  // The key groups' outputs summed in fp32; the final state's blocks back in place.
+  auto o = out[0].view({B, T, H, groups, n, kHead});
+  o = (groups == 1 ? o : o.to(torch::kFloat).sum(3)).reshape({B, T, H, V});
+  auto state = out[1].view({B, H, groups, n, group, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape({B, H, K, V});
   return OpResult{o.to(v.scalar_type()), state};
 #else
   (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
