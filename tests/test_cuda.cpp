@@ -293,7 +293,8 @@ std::string compare_fused(const std::vector<torch::Tensor>& ref, const std::vect
 // h0 (both outputs carry a loss, so the final state's gradient flows in too). No decay, a fixed and a
 // scalar decay (chunk_scalar_decay.cu; K = V = 64 and 128) and a decay per key channel (the scores and
 // walk kernels; K = V = 64, and K = V = 128, K = 64, V = 128 or K = 256 in parts: two key groups of 128
-// whose outputs are summed); T = 333 ends in a partial chunk. The libtorch form fed the same 16-bit inputs is printed beside them for scale.
+// whose outputs are summed); T = 333 ends in a partial chunk. The libtorch form fed the same 16-bit inputs
+// is printed beside them for scale.
 TEST(CudaOps, FusedGatedLinearAttentionChunkMatchesFp32) {
   REQUIRE_KERNELS();
   NoTf32 no_tf32;
@@ -417,9 +418,10 @@ TEST(CudaOps, FusedUtTransformMatchesFp32) {
 // The fused delta rule in bf16 and fp16 against the libtorch chunked form in fp32 on the same rounded
 // inputs: o, final state and the gradients of q, k, v, beta, h0 and the decay. Head size 64, no or a
 // scalar decay (the UT transform and the walk of ops/cuda) and a decay per key channel (Kimi Delta
-// Attention: the vector-decay scores, the solve, the vector-decay walk); KDA at K = V = 128 and at K = 64,
-// V = 128 (the scores kernel on parts of 64 key channels, the rest the libtorch form). The libtorch form
-// run in the 16-bit dtype is printed alongside as the round-off to expect.
+// Attention: the vector-decay scores, the solve, the vector-decay walk); K = 128 and V = 128 in parts of 64
+// channels, the walk with 128 key channels, for every gate (DeltaNet and Gated DeltaNet through KDA's
+// kernels); KDA at K = 192 (the scores kernel on parts of 64 key channels, the rest the libtorch form). The
+// libtorch form run in the 16-bit dtype is printed alongside as the round-off to expect.
 TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
   REQUIRE_KERNELS();
   NoTf32 no_tf32;

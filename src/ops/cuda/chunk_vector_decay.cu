@@ -400,7 +400,8 @@ VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const
                   d_out.is_contiguous(),
               "fused vector-decay walk: d_out must be [B,T,H,64] in the values' dtype, contiguous; got ", d_out.sizes(),
               " ", d_out.scalar_type());
-  TORCH_CHECK(states.sizes() == torch::IntArrayRef({p.B, p.H, p.N, p.K, kV}) && states.scalar_type() == qd.scalar_type(),
+  TORCH_CHECK(states.sizes() == torch::IntArrayRef({p.B, p.H, p.N, p.K, kV}) &&
+                  states.scalar_type() == qd.scalar_type(),
               "fused vector-decay walk: the stored states must be [B,H,N,K,64]; got ", states.sizes());
   TORCH_CHECK(!d_final.defined() || (d_final.sizes() == torch::IntArrayRef({p.B, p.H, p.K, kV}) &&
                                      d_final.is_contiguous()),

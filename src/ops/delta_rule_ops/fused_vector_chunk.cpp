@@ -1,6 +1,6 @@
 // Family B with a decay per key channel (Kimi Delta Attention) through fused CUDA kernels, head sizes of
-// 64 and 128 (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp as three kernels
-// each way:
+// 64 and 128 (see common.h, detail::fused_vector_delta_rule_chunk). The chunked form of chunk.cpp as three
+// kernels each way:
 //   Aqk, qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k, a = e^{Gl}   GLA's scores kernel, q against k, which
 //   Akk, e^G ⊙ k                                               also gives the keys' own scores (scale 1)
 //   [W U] = (I + L)^{-1} diag(beta) [e^G ⊙ k, v],  L = strictly lower diag(beta) Akk
@@ -108,8 +108,8 @@ torch::Tensor gate_per_channel(const torch::Tensor& g, GateKind kind, const torc
 // min(j, m - 1) and value part min(j, n - 1); W takes the first m of them and U the first n (the others'
 // outputs go unused, and so get no gradient).
 OpResult vector_delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                    const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
-                                    double scale, torch::ScalarType dt) {
+                           const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale,
+                           torch::ScalarType dt) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t m = K / kHead, n = V / kHead, p = std::max(m, n);
   auto s = fused_vector_scores_joined(q, k, g, dt, scale, /*key_scores=*/true);
