@@ -143,8 +143,6 @@ JoinedVectorScores fused_vector_scores_joined(const torch::Tensor& q, const torc
                                               torch::ScalarType dt, double scale, bool key_scores = false);
 // [B,H,parts,R,64] -> [B,H,R,64 parts]: the parts' channels side by side.
 torch::Tensor parts_side_by_side(const torch::Tensor& x);
-// x [B,H,...] -> [B,H parts,...]: x for each of `parts` heads (head, part) in a row (x itself when parts is 1).
-torch::Tensor for_each_part(const torch::Tensor& x, int64_t parts);
 
 // The chunked form of family B with a decay per key channel (Kimi Delta Attention) through fused CUDA
 // kernels (delta_rule_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused kernels on, chunk 64,

@@ -19,9 +19,11 @@
 //   du = dV',   dw = -dV' S^T,   dS gains -W^T dV'
 // One thread block per (batch, head), 256 threads, every product on tensor cores (chunk_tiles.cuh), its
 // results stored from the accumulators (no fp32 staging area).
-// K = 64 or 128 key channels, V = 64 value columns: a caller with more value columns runs each part of 64
-// as a head of its own (the columns of the state never mix). At K = 128 a block takes about 122 KiB
-// (forward) or 149 KiB (backward) of shared memory, one block an SM.
+// K = 64 or 128 key channels, V = 64 value columns a block: with more value columns each part of 64 is a
+// head of its own (the columns of the state never mix), `parts` of them to a head of the keys. Such a block
+// reads its key head's qd, kd, w, A and a, and writes its own partial dqd, dkd, dw, dA and da (sums over the
+// value columns), which the host adds up. At K = 128 a block takes about 122 KiB (forward) or 149 KiB
+// (backward) of shared memory, one block an SM.
 // v, o and their gradients are the caller's rows [B, T, H, 64] (zeros past T on the way in, nothing
 // written past T on the way out). What comes from the scores kernels is heads first and padded to whole
 // chunks: qd, kd [B*H, N*64, K]; A, dA [B*H, N, 64, 64]; the stored states [B*H, N, K, 64]; a, da
@@ -76,22 +78,28 @@ struct BackwardLayout : Pads<K> {
   static constexpr size_t bytes = w + (Delta ? P::rowsk : 0);
 };
 
-// Where block bh = b H + h's data lie, with K key channels.
+// Where the data of block bh = b H + h lie (H heads of values, `parts` of them to a head of the keys), with K
+// key channels: what it reads of the keys (qd, kd, w, A, a) is key head kh = bh / parts's, what it writes is
+// its own.
 template <int K>
 struct Walk {
-  int bh, N, Tp, T;
-  size_t keys, values;  // row 0 of this head in [B*H, N*64, K] and in [B*H, N*64, 64]
-  size_t head, stride;  // row 0 of head (b, h) in the caller's [B, T, H, 64]; its row stride
-  __device__ Walk(int n_chunks, int T_, int H) {
-    bh = blockIdx.x, N = n_chunks, Tp = n_chunks * kC, T = T_;
-    keys = static_cast<size_t>(bh) * Tp * K;
+  int bh, kh, N, Tp, T;
+  size_t keys, key_grads, values;  // row 0 of key head kh and of head bh in [., N*64, K]; of bh in [., N*64, 64]
+  size_t head, stride;             // row 0 of head (b, h) in the caller's [B, T, H, 64]; its row stride
+  __device__ Walk(int n_chunks, int T_, int H, int parts) {
+    bh = blockIdx.x, kh = bh / parts, N = n_chunks, Tp = n_chunks * kC, T = T_;
+    keys = static_cast<size_t>(kh) * Tp * K;
+    key_grads = static_cast<size_t>(bh) * Tp * K;
     values = static_cast<size_t>(bh) * Tp * kV;
     stride = static_cast<size_t>(H) * kV;
     head = static_cast<size_t>(bh / H) * T * stride + static_cast<size_t>(bh % H) * kV;
   }
-  __device__ size_t square(int n) const { return (static_cast<size_t>(bh) * N + n) * kC * kC; }  // [.., 64, 64]
-  __device__ size_t state(int n) const { return (static_cast<size_t>(bh) * N + n) * K * kV; }    // [.., K, 64]
-  __device__ size_t channels(int n) const { return (static_cast<size_t>(bh) * N + n) * K; }      // [.., K]
+  // [.., 64, 64] squares (A read, dA written), [.., K, 64] states, [.., K] decays (a read, da written).
+  __device__ size_t square(int n) const { return (static_cast<size_t>(kh) * N + n) * kC * kC; }
+  __device__ size_t square_grad(int n) const { return (static_cast<size_t>(bh) * N + n) * kC * kC; }
+  __device__ size_t state(int n) const { return (static_cast<size_t>(bh) * N + n) * K * kV; }
+  __device__ size_t channels(int n) const { return (static_cast<size_t>(kh) * N + n) * K; }
+  __device__ size_t channel_grads(int n) const { return (static_cast<size_t>(bh) * N + n) * K; }
 };
 
 // The rows of the values in chunk n: the caller's v [B, T, H, 64], or with the delta rule U heads first
@@ -108,10 +116,11 @@ __device__ __forceinline__ void store_value_tile(E* dv, const Walk<K>& at, int n
   else store_tile16_rows(dv + at.head + 16 * Cc, at.stride, n * kC + 16 * R, at.T, acc);
 }
 
-// A [64, K] result tile (R, Cc) from its accumulator into rows of K channels of chunk n (qd, kd, w's gradients).
+// A [64, K] result tile (R, Cc) from its accumulator into the block's rows of K channels of chunk n (its
+// partial qd, kd or w gradient).
 template <int K, typename E>
 __device__ __forceinline__ void store_key_tile(E* x, const Walk<K>& at, int n, int R, int Cc, const Acc& acc) {
-  store_tile16(x + at.keys + static_cast<size_t>(n * kC + 16 * R) * K + 16 * Cc, acc, K);
+  store_tile16(x + at.key_grads + static_cast<size_t>(n * kC + 16 * R) * K + 16 * Cc, acc, K);
 }
 
 // v (u with the delta rule) [64, ld] -= w S16 tile by tile in place: the chunk's corrected writes V'
@@ -133,13 +142,13 @@ __global__ void __launch_bounds__(kThreads, K == 64 ? 2 : 1)
     vector_walk_forward_kernel(const E* __restrict__ qd, const E* __restrict__ kd, const E* __restrict__ v,
                                const E* __restrict__ w, const E* __restrict__ A, const float* __restrict__ a,
                                const float* __restrict__ h0, E* __restrict__ o, float* __restrict__ final_state,
-                               E* __restrict__ states, int N, int T, int H) {
+                               E* __restrict__ states, int N, int T, int H, int parts) {
   using L = ForwardLayout<Delta, K>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sA = view<E>(smem, L::A);
   E *S16 = view<E>(smem, L::state16), *sw = view<E>(smem, L::w);
   float *S = view<float>(smem, L::state), *decay = view<float>(smem, L::decay);
-  const Walk<K> at(N, T, H);
+  const Walk<K> at(N, T, H, parts);
   const size_t state_at = static_cast<size_t>(at.bh) * K * kV;
 
   load_state<K, kV>(S, L::ld32, h0 != nullptr ? h0 + state_at : nullptr);
@@ -195,14 +204,14 @@ __global__ void __launch_bounds__(kThreads, K == 64 ? 2 : 1)
                                 const E* __restrict__ states, const E* __restrict__ dout,
                                 const float* __restrict__ d_final, E* __restrict__ dqd, E* __restrict__ dkd,
                                 E* __restrict__ dv, E* __restrict__ dw, E* __restrict__ dA, float* __restrict__ da,
-                                float* __restrict__ d_initial, int N, int T, int H) {
+                                float* __restrict__ d_initial, int N, int T, int H, int parts) {
   using L = BackwardLayout<Delta, K>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, L::q), *sk = view<E>(smem, L::k), *sv = view<E>(smem, L::v), *sdo = view<E>(smem, L::dout);
   E *sA = view<E>(smem, L::A), *sS = view<E>(smem, L::state16), *dS16 = view<E>(smem, L::dstate16);
   E* sw = view<E>(smem, L::w);
   float *dS = view<float>(smem, L::dstate), *decay = view<float>(smem, L::decay);
-  const Walk<K> at(N, T, H);
+  const Walk<K> at(N, T, H, parts);
   const size_t state_at = static_cast<size_t>(at.bh) * K * kV;
 
   load_state<K, kV>(dS, L::ld32, d_final != nullptr ? d_final + state_at : nullptr);
@@ -239,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, K == 64 ? 2 : 1)
     // dA = do v^T on and below the diagonal (zeros above), dqd = do S^T and dkd = v dS'^T (from the 16-bit
     // copy), each tile from its accumulator to global memory; da = Σ_v dS' ⊙ S (four threads a row).
     // Each warp takes the same share of all three.
-    E* dA_n = dA + at.square(n);
+    E* dA_n = dA + at.square_grad(n);
     square_tiles(
         0,
         [&](int R, int Cc) {
@@ -269,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, K == 64 ? 2 : 1)
       }
       part += __shfl_xor_sync(0xffffffffu, part, 1);
       part += __shfl_xor_sync(0xffffffffu, part, 2);
-      if (threadIdx.x % 4 == 0) da[at.channels(n) + r] = part;
+      if (threadIdx.x % 4 == 0) da[at.channel_grads(n) + r] = part;
     }
     __syncthreads();  // da has read dS', which takes its update next (and with the delta rule V' takes -dV')
     // dv = A^T do + kd dS' to global memory (with the delta rule: du = dV', and -dV' where V' was).
@@ -308,10 +317,19 @@ __global__ void __launch_bounds__(kThreads, K == 64 ? 2 : 1)
   if (d_initial != nullptr) store_state<K, kV>(d_initial + state_at, dS, L::ld32);
 }
 
+// H heads of values, `parts` of them to a head of the keys (H / parts key heads).
 struct WalkShape {
-  int64_t B, T, H, N, K;
+  int64_t B, T, H, N, K, parts;
   int64_t BH() const { return B * H; }
+  int64_t key_heads() const { return H / parts; }
 };
+
+// The number of value heads to a head of the keys: Hv / Hk, which must be whole.
+int64_t value_parts(int64_t Hv, int64_t Hk) {
+  TORCH_CHECK(Hk > 0 && Hv % Hk == 0, "fused vector-decay walk: ", Hv, " heads of values for ", Hk,
+              " heads of keys; expected a multiple");
+  return Hv / Hk;
+}
 
 // fn(std::integral_constant<int, K>) for the key channels the kernels are built for (walk_keys_supported).
 template <typename Fn>
@@ -320,44 +338,47 @@ void dispatch_keys(int64_t K, Fn fn) {
   else fn(std::integral_constant<int, 128>{});
 }
 
-// qd, kd [B,H,N*64,K] in v's dtype, A [B,H,N,64,64] in v's dtype, a [B,H,N,K] fp32, all contiguous.
+// qd, kd [B,Hk,N*64,K] in v's dtype, A [B,Hk,N,64,64] in v's dtype, a [B,Hk,N,K] fp32, all contiguous, with
+// Hk the key heads.
 void check_walk_inputs(const WalkShape& p, torch::ScalarType dt, const torch::Tensor& qd, const torch::Tensor& kd,
                        const torch::Tensor& A, const torch::Tensor& a) {
-  const std::vector<int64_t> rows{p.B, p.H, p.N * kC, p.K};
+  const int64_t Hk = p.key_heads();
+  const std::vector<int64_t> rows{p.B, Hk, p.N * kC, p.K};
   TORCH_CHECK(vector_walk_supported(p.K, dt), "fused vector-decay walk: 64 or 128 key channels in bf16 or fp16; got ",
               p.K, " in ", dt);
   TORCH_CHECK(qd.sizes() == torch::IntArrayRef(rows) && kd.sizes() == qd.sizes() && qd.scalar_type() == dt &&
                   kd.scalar_type() == dt && qd.is_contiguous() && kd.is_contiguous(),
               "fused vector-decay walk: qd and kd must be ", torch::IntArrayRef(rows), " in the values' dtype, "
               "contiguous; got ", qd.sizes(), " ", kd.sizes());
-  TORCH_CHECK(A.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && A.scalar_type() == dt && A.is_contiguous(),
+  TORCH_CHECK(A.sizes() == torch::IntArrayRef({p.B, Hk, p.N, kC, kC}) && A.scalar_type() == dt && A.is_contiguous(),
               "fused vector-decay walk: A must be [B,H,N,64,64] in the values' dtype; got ", A.sizes());
-  TORCH_CHECK(a.sizes() == torch::IntArrayRef({p.B, p.H, p.N, p.K}) && a.scalar_type() == torch::kFloat &&
+  TORCH_CHECK(a.sizes() == torch::IntArrayRef({p.B, Hk, p.N, p.K}) && a.scalar_type() == torch::kFloat &&
                   a.is_contiguous(),
               "fused vector-decay walk: a must be [B,H,N,", p.K, "] fp32; got ", a.sizes(), " ", a.scalar_type());
 }
 
-// GLA: v [B,T,H,64] bf16 or fp16; K from qd.
+// GLA: v [B,T,H,64] bf16 or fp16; K and the key heads from qd.
 WalkShape walk_shape(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v, const torch::Tensor& A,
                      const torch::Tensor& a) {
   TORCH_CHECK(v.dim() == 4 && v.size(3) == kV && qd.dim() == 4 && v.is_contiguous(),
-              "fused vector-decay walk: expects v [B,T,H,64], contiguous, and qd [B,H,N*64,K]; got ", v.sizes(), " ",
+              "fused vector-decay walk: expects v [B,T,H,64], contiguous, and qd [B,Hk,N*64,K]; got ", v.sizes(), " ",
               qd.sizes());
-  const WalkShape p{v.size(0), v.size(1), v.size(2), (v.size(1) + kC - 1) / kC, qd.size(3)};
+  const WalkShape p{v.size(0), v.size(1), v.size(2), (v.size(1) + kC - 1) / kC, qd.size(3),
+                    value_parts(v.size(2), qd.size(1))};
   check_walk_inputs(p, v.scalar_type(), qd, kd, A, a);
   return p;
 }
 
-// The delta rule: w [B,H,N*64,K] and u [B,H,N*64,64] bf16 or fp16 with N = ceil(T / 64).
+// The delta rule: w [B,Hk,N*64,K] and u [B,H,N*64,64] bf16 or fp16 with N = ceil(T / 64).
 WalkShape delta_walk_shape(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& w,
                            const torch::Tensor& u, const torch::Tensor& A, const torch::Tensor& a, int64_t T) {
   TORCH_CHECK(u.dim() == 4 && u.size(3) == kV && T >= 0 && u.size(2) == (T + kC - 1) / kC * kC && u.is_contiguous() &&
-                  w.dim() == 4 && w.sizes().slice(0, 3) == u.sizes().slice(0, 3) &&
+                  w.dim() == 4 && w.size(0) == u.size(0) && w.size(2) == u.size(2) &&
                   w.scalar_type() == u.scalar_type() && w.is_contiguous(),
-              "fused vector-decay delta walk: expects w [B,H,N*64,K] and u [B,H,N*64,64] of one dtype with N = "
+              "fused vector-decay delta walk: expects w [B,Hk,N*64,K] and u [B,H,N*64,64] of one dtype with N = "
               "ceil(T/64) = ", (T + kC - 1) / kC, ", contiguous; got ", w.sizes(), " ", u.sizes(), " ",
               u.scalar_type());
-  const WalkShape p{u.size(0), T, u.size(1), u.size(2) / kC, w.size(3)};
+  const WalkShape p{u.size(0), T, u.size(1), u.size(2) / kC, w.size(3), value_parts(u.size(1), w.size(1))};
   check_walk_inputs(p, u.scalar_type(), qd, kd, A, a);
   return p;
 }
@@ -385,7 +406,7 @@ VectorWalkForward walk_forward(const WalkShape& p, const torch::Tensor& qd, cons
              ForwardLayout<Delta, K>::bytes, data_as<E>(qd), data_as<E>(kd), data_as<E>(v),
              Delta ? data_as<E>(w) : nullptr, data_as<E>(A), a.data_ptr<float>(), ptr_or_null(h0), data_as<E>(out.o),
              out.final_state.data_ptr<float>(), data_as<E>(out.states), static_cast<int>(p.N), static_cast<int>(p.T),
-             static_cast<int>(p.H));
+             static_cast<int>(p.H), static_cast<int>(p.parts));
     });
   });
   return out;
@@ -408,15 +429,34 @@ VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const
               "fused vector-decay walk: d_final must be [B,H,K,64] fp32, contiguous; got ", d_final.sizes());
   const c10::cuda::CUDAGuard guard(qd.device());
   VectorWalkGrads out;
-  out.dqd = torch::empty_like(qd);
-  out.dkd = torch::empty_like(kd);
+  // The keys' gradients per head of values: partial sums over each key head's value parts, added up below.
+  auto per_value_head = [&](const torch::Tensor& x) {
+    auto shape = x.sizes().vec();
+    shape[1] = p.H;
+    return torch::empty(shape, x.options());
+  };
+  out.dqd = per_value_head(qd);
+  out.dkd = per_value_head(kd);
   out.dv = torch::empty_like(v);
-  if (Delta) out.dw = torch::empty_like(w);
-  out.dA = torch::empty_like(A);
-  out.da = torch::empty_like(a);
+  if (Delta) out.dw = per_value_head(w);
+  out.dA = per_value_head(A);
+  out.da = per_value_head(a);
   if (want_d_initial) out.d_initial = torch::empty({p.B, p.H, p.K, kV}, a.options());
+  auto add_up_parts = [&] {
+    if (p.parts == 1) return;
+    auto added = [&](const torch::Tensor& x) {  // [B, Hk parts, ...] -> [B, Hk, ...]
+      auto shape = x.sizes().vec(), split = shape;
+      shape[1] = p.key_heads();
+      split[1] = p.parts;
+      split.insert(split.begin() + 1, p.key_heads());
+      return x.view(split).sum(2).view(shape);
+    };
+    out.dqd = added(out.dqd), out.dkd = added(out.dkd), out.dA = added(out.dA), out.da = added(out.da);
+    if (Delta) out.dw = added(out.dw);
+  };
   if (p.N == 0 || p.BH() == 0) {
     if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
+    add_up_parts();
     return out;
   }
   dispatch_16bit(qd.scalar_type(), [&](auto elem) {
@@ -428,9 +468,11 @@ VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const
              Delta ? data_as<E>(w) : nullptr, data_as<E>(A), a.data_ptr<float>(), data_as<E>(states),
              data_as<E>(d_out), ptr_or_null(d_final), data_as<E>(out.dqd), data_as<E>(out.dkd), data_as<E>(out.dv),
              Delta ? data_as<E>(out.dw) : nullptr, data_as<E>(out.dA), out.da.data_ptr<float>(),
-             out_or_null(out.d_initial), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H));
+             out_or_null(out.d_initial), static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H),
+             static_cast<int>(p.parts));
     });
   });
+  add_up_parts();
   return out;
 }
 

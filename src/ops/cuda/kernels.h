@@ -196,18 +196,20 @@ VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Te
                                          const torch::Tensor& dek = {});
 
 // The walk over the chunks (ops/cuda/chunk_vector_decay.cu): o = qd S + A v, S' = Diag(a) S + kd^T v per
-// chunk. qd, kd [B,H,N*64,K] (K = 64 or 128) and v [B,T,H,64], contiguous (one 16-bit dtype); A
-// [B,H,N,64,64] (the same dtype, zeros above the diagonal as vector_scores_forward gives it); a [B,H,N,K]
-// fp32 (the chunk's decay per key channel); h0 [B,H,K,64] fp32 or undefined. Returns
-// o [B,T,H,64] (v's dtype), the final state fp32 and the state entering every chunk [B,H,N,K,64] (16-bit,
-// for the backward).
+// chunk. qd, kd [B,Hk,N*64,K] (K = 64 or 128) and v [B,T,H,64], contiguous (one 16-bit dtype), with H = p Hk:
+// heads of values p h .. p h + p - 1 share key head h's keys (the value parts of one head of more than 64
+// value columns); A [B,Hk,N,64,64] (the same dtype, zeros above the diagonal as
+// vector_scores_forward gives it); a [B,Hk,N,K] fp32 (the chunk's decay per key channel); h0 [B,H,K,64] fp32
+// or undefined. Returns o [B,T,H,64] (v's dtype), the final state fp32 and the state entering every chunk
+// [B,H,N,K,64] (16-bit, for the backward).
 struct VectorWalkForward {
   torch::Tensor o, final_state, states;
 };
 VectorWalkForward vector_walk_forward(const torch::Tensor& qd, const torch::Tensor& kd, const torch::Tensor& v,
                                       const torch::Tensor& A, const torch::Tensor& a, const torch::Tensor& h0);
 // Its backward given d_out [B,T,H,64] (v's dtype) and d_final fp32 or undefined: dqd, dkd, dA (zeros above
-// the diagonal), dv [B,T,H,64] (all 16-bit), da (fp32) and, when asked, dLoss/dh0.
+// the diagonal; the three summed over a key head's value heads), dv [B,T,H,64] (all 16-bit), da (fp32) and,
+// when asked, dLoss/dh0.
 struct VectorWalkGrads {
   torch::Tensor dqd, dkd, dv, dw, dA, da, d_initial;  // dw: the delta rule's walk only
 };
@@ -218,7 +220,7 @@ VectorWalkGrads vector_walk_backward(const torch::Tensor& qd, const torch::Tenso
 // The same walk for the delta rule with a decay per key channel (Kimi Delta Attention; ops/delta_rule_ops/
 // fused_vector_chunk.cpp): the values are the corrected writes V' = U - W S of each chunk, so
 //   o = qd S + A V',   S' = Diag(a) S + kd^T V'.
-// qd, kd as above (qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k), A the scaled q-k scores; w [B,H,N*64,K], u
+// qd, kd as above (qd = scale e^G ⊙ q, kd = e^{Gl - G} ⊙ k), A the scaled q-k scores; w [B,Hk,N*64,K], u
 // [B,H,N*64,64] (the UT transform's W = (I + L)^{-1} diag(beta) (e^G ⊙ k) and U = (I + L)^{-1} diag(beta) v,
 // zero past T), all one 16-bit dtype; T the sequence length. Returns o [B,T,H,64], the final state and the
 // states.

@@ -38,8 +38,9 @@ using cuda_kernels::present;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// qd, kd, w [B,H,N*64,K] (K = 64 or 128), u [B,H,N*64,64] and A [B,H,N,64,64] (one 16-bit dtype), a
-// [B,H,N,K] fp32, h0 [B,H,K,64] fp32 or empty, T the sequence length -> o [B,T,H,64], the final state.
+// qd, kd, w [B,Hk,N*64,K] (K = 64 or 128), u [B,H,N*64,64] with H a multiple of Hk (the value parts of a key
+// head) and A [B,Hk,N,64,64] (one 16-bit dtype), a [B,Hk,N,K] fp32, h0 [B,H,K,64] fp32 or empty, T the sequence
+// length -> o [B,T,H,64], the final state.
 struct VectorDeltaWalkFunction : public torch::autograd::Function<VectorDeltaWalkFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& qd, const torch::Tensor& kd,
                                const torch::Tensor& w, const torch::Tensor& u, const torch::Tensor& A,
@@ -90,6 +91,15 @@ struct UtGivenFunction : public torch::autograd::Function<UtGivenFunction> {
 
 constexpr int64_t kHead = 64;  // the kernels' parts
 
+// x [B,H,...] -> [B,H parts,...]: x for each of `parts` heads (head, part) in a row (x itself when parts is 1).
+torch::Tensor for_each_part(const torch::Tensor& x, int64_t parts) {
+  if (parts == 1) return x;
+  auto shape = x.sizes().vec(), spread = shape;
+  spread.insert(spread.begin() + 2, parts);
+  shape[1] *= parts;
+  return x.unsqueeze(2).expand(spread).reshape(shape);
+}
+
 // The gate as a decay per key channel [B,T,H,K] fp32: no decay is a log decay of 0 on every channel, a fixed
 // [H] or scalar [B,T,H] one the same decay on every channel.
 torch::Tensor gate_per_channel(const torch::Tensor& g, GateKind kind, const torch::Tensor& q) {
@@ -129,12 +139,11 @@ OpResult vector_delta_rule(const torch::Tensor& q, const torch::Tensor& k, const
   auto W = parts_side_by_side(WU[0].view({B, H, p, rows, kHead}).narrow(2, 0, m));                   // [B,H,rows,K]
   auto U = WU[1].view({B, H, p, rows, kHead}).narrow(2, 0, n).reshape({B, H * n, rows, kHead});  // (head, part)
 
-  // The walk on heads (head, value part), each with every key channel.
+  // The walk on heads (head, value part), each with every key channel (its head's).
   torch::Tensor h0s;  // [B,H,K,V] -> [B,H n,K,64]
   if (h0.defined())
     h0s = h0.to(torch::kFloat).reshape({B, H, K, n, kHead}).permute({0, 1, 3, 2, 4}).reshape({B, H * n, K, kHead});
-  auto each = [&](const torch::Tensor& x) { return aligned_rows(for_each_part(x, n)); };
-  auto out = VectorDeltaWalkFunction::apply(each(s.qd), each(s.kd), each(W), aligned_rows(U), each(s.A), each(s.a),
+  auto out = VectorDeltaWalkFunction::apply(s.qd, s.kd, aligned_rows(W), aligned_rows(U), s.A, s.a,
                                             kernel_state(h0s, q.options()), T);
   auto state = out[1].view({B, H, n, K, kHead}).permute({0, 1, 3, 2, 4}).reshape({B, H, K, V});
   return OpResult{out[0].reshape({B, T, H, V}).to(v.scalar_type()), state};

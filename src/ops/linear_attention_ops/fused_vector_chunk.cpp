@@ -13,8 +13,8 @@
 // and each value column evolves on its own, so GLA with K = 64 m and V = 64 n is the sum over key groups
 // (of 128 channels, the walk's most, where K allows; of 64 otherwise) of GLAs on the group's channels, each
 // run on the n value parts of 64: the scores of 64-channel parts as heads of their own (a view of q, k and
-// g; a score is the sum of its parts'), the walk over heads (head, key group, value part), each group's
-// scores and factors repeated for its value parts. At K = 128 there is one group, and nothing to sum.
+// g; a score is the sum of its parts'), the walk over heads (head, key group, value part), each reading its
+// group's scores and factors. At K = 128 there is one group, and nothing to sum.
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -68,8 +68,9 @@ struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunct
   }
 };
 
-// qd, kd [B,H,N*64,K] (K = 64 or 128) and v [B,T,H,64] (one 16-bit dtype), A [B,H,N,64,64], a [B,H,N,K] fp32,
-// h0 [B,H,K,64] fp32 or empty -> o [B,T,H,64], the final state.
+// qd, kd [B,Hk,N*64,K] (K = 64 or 128) and v [B,T,H,64] with H a multiple of Hk (the value parts of a key
+// head; one 16-bit dtype), A [B,Hk,N,64,64], a [B,Hk,N,K] fp32, h0 [B,H,K,64] fp32 or empty -> o [B,T,H,64],
+// the final state.
 struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& qd, const torch::Tensor& kd,
                                const torch::Tensor& v, const torch::Tensor& A, const torch::Tensor& a,
@@ -146,14 +147,6 @@ torch::Tensor parts_side_by_side(const torch::Tensor& x) {
   return parts == 1 ? x.view({B, H, R, x.size(4)}) : x.permute({0, 1, 3, 2, 4}).reshape({B, H, R, parts * x.size(4)});
 }
 
-torch::Tensor for_each_part(const torch::Tensor& x, int64_t parts) {
-  if (parts == 1) return x;
-  auto shape = x.sizes().vec(), spread = shape;
-  spread.insert(spread.begin() + 2, parts);
-  shape[1] *= parts;
-  return x.unsqueeze(2).expand(spread).reshape(shape);
-}
-
 std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
@@ -170,7 +163,6 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   const int64_t groups = K / group, n = V / kHead;
   auto as_groups = [&](const torch::Tensor& x) { return x.reshape({B, T, H * groups, group}); };
   auto s = fused_vector_scores_joined(as_groups(q), as_groups(k), as_groups(g), *dt, scale);  // heads (head, group)
-  auto each = [&](const torch::Tensor& x) { return aligned_rows(for_each_part(x, n)); };  // heads (.., value part)
   // v [B,T,H,V] -> [B,T,H groups n,64]: value part j of head h for every key group.
   auto vs = v.to(*dt).reshape({B, T, H, 1, n, kHead}).expand({B, T, H, groups, n, kHead}).reshape(
       {B, T, H * groups * n, kHead});
@@ -179,8 +171,7 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   if (h0.defined())
     h0s = h0.to(torch::kFloat).reshape({B, H, groups, group, n, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape(
         {B, H * groups * n, group, kHead});
-  auto out = VectorWalkFunction::apply(each(s.qd), each(s.kd), aligned_rows(vs), each(s.A), each(s.a),
-                                       kernel_state(h0s, q.options()));
+  auto out = VectorWalkFunction::apply(s.qd, s.kd, aligned_rows(vs), s.A, s.a, kernel_state(h0s, q.options()));
   // The key groups' outputs summed in fp32; the final state's blocks back in place.
   auto o = out[0].view({B, T, H, groups, n, kHead});
   o = (groups == 1 ? o : o.to(torch::kFloat).sum(3)).reshape({B, T, H, V});
