@@ -26,9 +26,10 @@
 // (backward) of shared memory, one block an SM.
 // v, o and their gradients are the caller's rows [B, T, H, 64] (zeros past T on the way in, nothing
 // written past T on the way out). What comes from the scores kernels is heads first and padded to whole
-// chunks: qd, kd [B*H, N*64, K]; A, dA [B*H, N, 64, 64]; the stored states [B*H, N, K, 64]; a, da
-// [B*H, N, K]; h0 and the final state [B*H, K, 64] fp32. W and its gradient are heads first as well,
-// [B*H, N*64, K], U and dU [B*H, N*64, 64].
+// chunks, by key head (B*Hk heads, Hk = H / parts): qd, kd [B*Hk, N*64, K]; A [B*Hk, N, 64, 64]; a [B*Hk,
+// N, K]. By head of values (B*H): the stored states [B*H, N, K, 64]; h0 and the final state [B*H, K, 64] fp32;
+// the partial gradients dqd, dkd [B*H, N*64, K], dA [B*H, N, 64, 64] and da [B*H, N, K]. W is heads first by
+// key head as well, [B*Hk, N*64, K] (its partial gradient by head of values), U and dU [B*H, N*64, 64].
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
