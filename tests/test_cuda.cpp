@@ -499,10 +499,13 @@ TEST(CudaOps, FusedVectorScoresWithKeyScoresMatchTwoCalls) {
     auto run = [&](bool pair) {  // A, qd, kd, a, Akk, ek, dq, dk, dg
       auto q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
       auto g = g0.clone().requires_grad_(true);
-      auto out = ops::detail::fused_vector_scores(q, k, g, scale, pair);
-      if (!pair) {
-        auto keys = ops::detail::fused_vector_scores(k, k, g, 1.0);
-        out.push_back(keys[0]), out.push_back(keys[1]);
+      auto s = ops::detail::fused_vector_scores(q, k, g, dt, scale, pair);
+      std::vector<torch::Tensor> out = {s.A, s.qd, s.kd, s.a};
+      if (pair) {
+        out.push_back(s.Akk), out.push_back(s.ek);
+      } else {
+        auto keys = ops::detail::fused_vector_scores(k, k, g, dt, 1.0);
+        out.push_back(keys.A), out.push_back(keys.qd);
       }
       torch::manual_seed(51);
       auto loss = torch::zeros({}, opts);
@@ -528,6 +531,86 @@ TEST(CudaOps, FusedVectorScoresWithKeyScoresMatchTwoCalls) {
     }
     std::printf("[cuda-vector-scores] %s pair vs two calls:%s\n", dt == torch::kHalf ? "fp16" : "bf16", line.c_str());
   }
+}
+
+// The scores kernels on K = 64 m key channels (taken 64 at a time, the scores summed in fp32 and rounded
+// once) against m calls on the 64-channel parts, whose scores are summed after their rounding: the row
+// factors, ek and the gradients dq, dk, dg are the parts' to the bit, A and Akk within a rounding. T = 333
+// ends inside a chunk.
+TEST(CudaOps, FusedVectorScoresInPartsMatchPartCalls) {
+  REQUIRE_KERNELS();
+  const int64_t B = 2, T = 333, H = 3;
+  const auto opts = torch::TensorOptions().device(dev);
+  for (const int64_t K : {128, 192})
+    for (const bool pair : {false, true}) {
+      const auto dt = torch::kBFloat16;
+      SCOPED_TRACE("K=" + std::to_string(K) + " pair=" + std::to_string(pair));
+      const int64_t m = K / 64;
+      torch::manual_seed(60 + K + pair);
+      const auto q0 = torch::randn({B, T, H, K}, opts).to(dt), k0 = ops::l2_norm(torch::randn({B, T, H, K}, opts)).to(dt);
+      const auto g0 = torch::log_sigmoid(torch::randn({B, T, H, K}, opts) + 3) / 4;
+      const double scale = 0.1;
+      // A, qd, kd, a, (Akk, ek,) dq, dk, dg; the parts' A and Akk summed in fp32, their rows side by side.
+      auto run = [&](bool whole) {
+        auto q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true);
+        auto g = g0.clone().requires_grad_(true);
+        std::vector<torch::Tensor> out;
+        if (whole) {
+          auto s = ops::detail::fused_vector_scores(q, k, g, dt, scale, pair);
+          out = {s.A.to(torch::kFloat), s.qd, s.kd, s.a};
+          if (pair) out.push_back(s.Akk.to(torch::kFloat)), out.push_back(s.ek);
+        } else {
+          std::vector<ops::detail::VectorScores> parts;
+          for (int64_t j = 0; j < m; ++j) {
+            auto part = [&](const torch::Tensor& x) { return x.narrow(3, 64 * j, 64); };
+            parts.push_back(ops::detail::fused_vector_scores(part(q), part(k), part(g), dt, scale, pair));
+          }
+          auto sum = [&](auto field) {
+            auto total = (parts[0].*field).to(torch::kFloat);
+            for (int64_t j = 1; j < m; ++j) total = total + (parts[j].*field).to(torch::kFloat);
+            return total;
+          };
+          auto side_by_side = [&](auto field) {
+            std::vector<torch::Tensor> xs;
+            for (auto& p : parts) xs.push_back(p.*field);
+            return torch::cat(xs, -1);
+          };
+          using S = ops::detail::VectorScores;
+          out = {sum(&S::A), side_by_side(&S::qd), side_by_side(&S::kd), side_by_side(&S::a)};
+          if (pair) {
+            std::vector<torch::Tensor> eks;  // [B,H,R,64] each -> [B,H m,R,64], part j of head h at h m + j
+            for (auto& p : parts) eks.push_back(p.ek.unsqueeze(2));
+            auto ek = torch::cat(eks, 2);
+            out.push_back(sum(&S::Akk)), out.push_back(ek.reshape({B, H * m, ek.size(3), 64}));
+          }
+        }
+        torch::manual_seed(61);
+        auto loss = torch::zeros({}, opts);
+        for (const auto& o : out) loss = loss + (o.to(torch::kFloat) * torch::randn(o.sizes(), opts)).sum();
+        loss.backward();
+        out.push_back(q.grad()), out.push_back(k.grad()), out.push_back(g.grad());
+        return out;
+      };
+      const auto whole = run(true), parts = run(false);
+      std::vector<std::string> names = {"A", "qd", "kd", "a"};
+      if (pair) names.push_back("Akk"), names.push_back("ek");
+      for (const char* n : {"dq", "dk", "dg"}) names.push_back(n);
+      ASSERT_EQ(whole.size(), names.size());
+      std::string line;
+      for (size_t i = 0; i < whole.size(); ++i) {
+        ASSERT_EQ(whole[i].sizes(), parts[i].sizes()) << names[i];
+        const bool summed = names[i] == "A" || names[i] == "Akk";
+        const double e = rel_err(whole[i], parts[i]);
+        // The sums' one rounding against the parts' m. Every part's block takes the same gradients of the
+        // scores and of its own factors as the part's call, so the gradients are the parts' to the bit.
+        EXPECT_LE(e, summed ? 1.0 / 128 : 0.0) << names[i];
+        char buf[48];
+        std::snprintf(buf, sizeof buf, "  %s %.1e", names[i].c_str(), e);
+        line += buf;
+      }
+      std::printf("[cuda-vector-scores] K=%ld %s whole vs parts:%s\n", static_cast<long>(K), pair ? "pair" : "plain",
+                  line.c_str());
+    }
 }
 
 // The scalar decay's gradient from a walk's row sums: the one-launch kernel (ops/cuda/decay_gradient.cu,

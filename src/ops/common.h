@@ -121,28 +121,16 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
                                                  const torch::Tensor& h0, double scale, int64_t chunk);
 
 // The intra-chunk scores and row factors of a decay per key channel through vector_decay_scores.cu (CUDA
-// build only), differentiable in q, k and g: q, k [B,T,H,64] in one 16-bit dtype and g [B,T,H,64] fp32,
-// contiguous (aligned_rows) -> {A, qd, kd, a}, and with key_scores also {Akk, ek}, as
-// cuda_kernels::vector_scores_forward gives them. GLA's fused form and Kimi Delta Attention's (with the
-// keys' own scores) build on it.
-std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
-                                               double scale, bool key_scores = false);
-// The same for q, k, g [B,T,H,K] with K = 64 m channels (any layout and dtype): run as H m heads of 64 channels
-// (head h's parts are heads h m .. h m + m - 1), q and k in the 16-bit dtype dt, g in fp32. The outputs are
-// the parts', [B, H m, ...]; the caller joins them (a score is the sum of its parts').
-std::vector<torch::Tensor> fused_vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k,
-                                                        const torch::Tensor& g, torch::ScalarType dt, double scale,
-                                                        bool key_scores = false);
-// The same joined for a walk with all K key channels (64 or 128: cuda_kernels::vector_walk_supported): A,
-// and with key_scores Akk, [B,H,N,64,64] the sums of the parts' scores (in fp32, rounded to dt once); qd, kd
-// [B,H,N*64,K] and a [B,H,N,K] the parts' channels side by side; ek, with key_scores, left in parts [B,H m,N*64,64].
-struct JoinedVectorScores {
-  torch::Tensor A, qd, kd, a, Akk, ek_parts;
+// build only), differentiable in q, k and g: q, k [B,T,H,K] with K = 64 m (any layout and dtype; run in the
+// 16-bit dtype dt) and g [B,T,H,K] (run in fp32) -> A [B,H,N,64,64], qd, kd [B,H,N*64,K], a [B,H,N,K], and
+// with key_scores also Akk [B,H,N,64,64] and ek by 64-channel part [B,H m,N*64,64], as
+// cuda_kernels::vector_scores_forward gives them (the scores summed over the K channels in fp32, rounded to
+// dt once). GLA's fused form and Kimi Delta Attention's (with the keys' own scores) build on it.
+struct VectorScores {
+  torch::Tensor A, qd, kd, a, Akk, ek;
 };
-JoinedVectorScores fused_vector_scores_joined(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
-                                              torch::ScalarType dt, double scale, bool key_scores = false);
-// [B,H,parts,R,64] -> [B,H,R,64 parts]: the parts' channels side by side.
-torch::Tensor parts_side_by_side(const torch::Tensor& x);
+VectorScores fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
+                                 torch::ScalarType dt, double scale, bool key_scores = false);
 
 // The chunked form of family B with a decay per key channel (Kimi Delta Attention) through fused CUDA
 // kernels (delta_rule_ops/fused_vector_chunk.cpp), when they apply: CUDA, fused kernels on, chunk 64,

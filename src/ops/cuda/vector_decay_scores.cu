@@ -1,5 +1,7 @@
-// A decay per key channel, head size 64: the intra-chunk scores of the chunked form and their backward,
-// one thread block per (chunk, batch*head), chunks of 64 rows. GLA's scores, q against k:
+// A decay per key channel, K = 64 m key channels: the intra-chunk scores of the chunked form and their
+// backward, chunks of 64 rows, the channels taken in parts of 64 (a score is the sum of its parts'): the
+// forward one thread block per (chunk, batch*head) walking the parts, the backward one per (chunk,
+// batch*head, part). GLA's scores, q against k:
 //   A[i, j] = scale Σ_d q[i, d] k[j, d] exp(G[i, d] - G[j, d])   for j <= i, 0 above
 // and for Kimi Delta Attention also, in the same kernels, the keys against themselves (Pair):
 //   Akk[i, j] = Σ_d k[i, d] k[j, d] exp(G[i, d] - G[j, d])        for j <= i, 0 above
@@ -23,10 +25,11 @@
 // and take their gradients back: dq += scale e^G ⊙ dqd, dk += e^{Gl - G} ⊙ dkd (+ e^G ⊙ dek, a row-side
 // term), then dG with the sums whole, plus Σ_r kd ⊙ dkd + a ⊙ da at row 63 (Gl); the gate's gradient is
 // dG's reverse sum within the chunk, dg[r] = Σ_{s >= r} dG[s] (rows past T included: row 63 carries Gl).
-// q, k, g and their gradients are the caller's rows [B, T, H, 64] (q, k 16-bit, g fp32; zeros past T
+// q, k, g and their gradients are the caller's rows [B, T, H, K] (q, k 16-bit, g fp32; zeros past T
 // on the way in, nothing written past T on the way out). What goes to the walk is heads first and
-// padded to whole chunks: qd, kd, ek and their gradients [B*H, N*64, 64] (16-bit); A, Akk, dA, dAkk
-// [B*H, N, 64, 64] (16-bit, zeros above the diagonal); a, da [B*H, N, 64] fp32.
+// padded to whole chunks: qd, kd and their gradients [B*H, N*64, K] (16-bit); ek and its gradient by
+// part, [B*H*m, N*64, 64] (the UT transform takes them a part at a time); A, Akk, dA, dAkk
+// [B*H, N, 64, 64] (16-bit, zeros above the diagonal); a, da [B*H, N, K] fp32.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -40,7 +43,7 @@ namespace linearize::ops::cuda_kernels {
 
 namespace {
 
-constexpr int kD = 64;     // head size
+constexpr int kD = 64;     // channels a part
 constexpr int kSub = 16;   // rows per sub-chunk
 constexpr int kRefs = 3;   // reference rows 16, 32, 48
 constexpr size_t kDiagBytes = kRowTiles * kSub * kSub * 2;  // the four diagonal blocks, 16-bit [4, 16, 16]
@@ -89,23 +92,30 @@ struct BackwardSmem : Pads {
   static constexpr size_t bytes = diag_kk + (Pair ? kDiagBytes : 0);
 };
 
-// Where block (chunk n, head bh = b H + h) reads and writes: the caller's rows t0 .. t0 + 63 of head
-// (b, h) in [B, T, H, 64] (row stride H*64), the walk's rows in [B*H, N*64, 64], squares in
-// [B*H, N, 64, 64].
+// Where a block (chunk n, head bh = b H + h, 64-channel part p of the K = 64 m key channels) reads and
+// writes: the caller's rows t0 .. t0 + 63 of head (b, h) in [B, T, H, K] (row stride H K) from channel 64 p
+// on; the walk's rows [B*H, N*64, K] (row stride K) from channel 64 p on; ek's rows by part,
+// [B*H*m, N*64, 64]; squares [B*H, N, 64, 64]; the chunk's factors [B*H, N, K].
 struct Chunk {
-  size_t head;  // row 0 of head (b, h) in [B, T, H, 64]
-  int stride, t0, T, N;
-  __device__ Chunk(int N_, int T_, int H) {
-    const int bh = blockIdx.y;
-    stride = H * kD, t0 = blockIdx.x * kC, T = T_, N = N_;
-    head = (static_cast<size_t>(bh / H) * T_ * H + bh % H) * kD;
+  size_t head;  // row 0, channel 64 p of head (b, h) in [B, T, H, K]
+  int stride, t0, T, N, bh, parts, part;
+  __device__ Chunk(int N_, int T_, int H, int parts_, int bh_) {
+    bh = bh_, parts = parts_, N = N_, T = T_;
+    stride = H * kD * parts, t0 = blockIdx.x * kC;
+    head = (static_cast<size_t>(bh / H) * T_ * H + bh % H) * kD * parts;
+    part = 0;
   }
+  __device__ void to_part(int p) { head += static_cast<size_t>(p - part) * kD, part = p; }
   __device__ bool live(int r) const { return t0 + r < T; }
   __device__ size_t row(int r) const { return head + static_cast<size_t>(t0 + r) * stride; }  // caller's layout
-  __device__ size_t index() const { return static_cast<size_t>(blockIdx.y) * N + blockIdx.x; }  // (bh, n)
-  __device__ size_t rows() const { return index() * kC * kD; }                                   // walk's rows
+  __device__ int K() const { return kD * parts; }
+  __device__ size_t index() const { return static_cast<size_t>(bh) * N + blockIdx.x; }  // (bh, n)
+  __device__ size_t rows() const { return index() * kC * K() + part * kD; }            // walk's rows, stride K
+  __device__ size_t part_rows() const {                                                 // ek's rows, stride 64
+    return ((static_cast<size_t>(bh) * parts + part) * N + blockIdx.x) * kC * kD;
+  }
   __device__ size_t square() const { return index() * kC * kC; }
-  __device__ size_t channels() const { return index() * kD; }                                    // [B*H, N, 64]
+  __device__ size_t channels() const { return index() * K() + part * kD; }  // [B*H, N, K]
 };
 
 // The chunk's q, k rows (16-bit) and G (fp32) into shared memory, zeros past T: G is the inclusive
@@ -245,78 +255,96 @@ __device__ __forceinline__ float scatter_sums8(const float (&v)[8]) {
 }
 
 // The scores of chunk blockIdx.x of head blockIdx.y and the walk's row factors; with Pair also the
-// key-key scores and ek.
-template <typename E, bool Pair>
+// key-key scores and ek. The K = 64 parts key channels are taken 64 at a time, the scores' sums over
+// channels carried from part to part in fp32 (the tiles below the diagonal in the warps' accumulators, the
+// diagonal blocks' sums in the threads that take them) and rounded once at the end. OnePart: K = 64, where
+// the compiler sees the loop run once and keeps the registers of one part (with Pair and more parts, ptxas
+// spills a few bytes).
+template <typename E, bool Pair, bool OnePart>
 __global__ void __launch_bounds__(kThreads, 3)
     vector_scores_forward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ g,
                                  E* __restrict__ A, E* __restrict__ qd, E* __restrict__ kd, float* __restrict__ a,
-                                 E* __restrict__ Akk, E* __restrict__ ek, int N, int T, int H, float scale) {
+                                 E* __restrict__ Akk, E* __restrict__ ek, int N, int T, int H, int parts,
+                                 float scale) {
   using S = ForwardSmem<Pair>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *Y = view<E>(smem, S::Y);
   E *diag = view<E>(smem, S::diag), *diag_kk = view<E>(smem, S::diag_kk);  // 16-bit [4, 16, 16]
   float* sG = view<float>(smem, S::G);
-  const Chunk at(N, T, H);
-  load_chunk(sq, sk, sG, view<float>(smem, S::diag), q, k, g, at);  // free until the diagonal blocks
-  __syncthreads();
-  // Only the rows the products read: X_m up to sub-chunk m / 16, and for the key-key scores Y, whose
-  // sub-chunk I >= 1 holds its own keys decayed from its first row (the row side of Akk's blocks).
-  reference_rows(X, sq, sk, sG, RefSpans{{0, 0, 0}, {32, 48, 64}}, Pair ? Y : nullptr);
-  // The walk's row factors.
-  const float* Gl = sG + (kC - 1) * S::ld32;
-  for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
-    const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
-    float qr[8], kr[8], er[8], g[8];
-    unpack8<E>(*reinterpret_cast<const uint4*>(sq + r * S::ld + c), qr);
-    unpack8<E>(*reinterpret_cast<const uint4*>(sk + r * S::ld + c), kr);
-    load8(sG + r * S::ld32 + c, g);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float eg = __expf(g[j]);
-      qr[j] *= scale * eg, er[j] = kr[j] * eg, kr[j] *= __expf(Gl[c + j] - g[j]);
-    }
-    reinterpret_cast<uint4*>(qd + at.rows())[i] = pack8<E>(qr);
-    reinterpret_cast<uint4*>(kd + at.rows())[i] = pack8<E>(kr);
-    if (Pair) reinterpret_cast<uint4*>(ek + at.rows())[i] = pack8<E>(er);
-  }
-  if (threadIdx.x < kD) a[at.channels() + threadIdx.x] = __expf(Gl[threadIdx.x]);
-  __syncthreads();
-  to_steps(sG);
-  __syncthreads();
+  if constexpr (OnePart) parts = 1;
+  Chunk at(N, T, H, parts, blockIdx.y);
+  const int K = at.K();
   // Blocks below the diagonal, (1,0) (2,0) (2,1) (3,0) (3,1) (3,2), one warp each (and the key-key
-  // scores' six on warps 6, 7, 0 .. 3).
-  const int warp = threadIdx.x / 32;
-  for (int t = warp; t < (Pair ? 12 : 6); t += kWarps) {
-    const bool keys = t >= 6;
-    const int b = t % 6, I = b < 1 ? 1 : b < 3 ? 2 : 3, J = b - (I * (I - 1)) / 2;
-    const E* Xm = ref(X, kSub * I);
-    Acc acc;
-    zero(acc);
-    product_tile<false, true>(acc, keys ? Y : Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
-    if (!keys) scale_tile(acc, scale);
-    store_tile16((keys ? Akk : A) + at.square() + I * kSub * kC + J * kSub, acc, kC);
-  }
-  // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; below, sG holds them from
-  // each sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i, which the thread
+  // scores' six on warps 6, 7, 0 .. 3): tile t is the warp's accumulator t / kWarps.
+  constexpr int kTiles = Pair ? 12 : 6, kSlots = (kTiles + kWarps - 1) / kWarps;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  auto tile_of = [](int t, bool& keys, int& I, int& J) {
+    keys = t >= 6;
+    const int b = t % 6;
+    I = b < 1 ? 1 : b < 3 ? 2 : 3, J = b - (I * (I - 1)) / 2;
+  };
+  Acc acc[kSlots];
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) zero(acc[slot]);
+  // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; sG holds them from each
+  // sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i, which the thread
   // multiplies into the column's key k[j] step by step (one product a channel and step, shared by both
-  // scores, then one fused multiply-add each). Thread (I, p, e):
-  // sub-chunk I, columns p and 15 - p (16 - p and p + 1 rows: 17 together), channels 8e .. 8e + 7, the sum
-  // over channels across the 8 lanes of (I, p). The 17 steps are unrolled so that one row's loads and sums
-  // overlap the next one's; their sums over the lanes are taken eight steps at a time (steps 0-7 and 8-15 by
-  // scatter_sums8, lane e storing step 8b + e's; step 16 by sum8).
-  const int lane = threadIdx.x % 32;
-  {
-    const int I = warp / 2, p = (warp % 2) * 4 + lane / 8, e = lane % 8, c = e * 8, r0 = I * kSub;
-    auto step = [&](int t, int& i, int& j) {  // step t's element (i, j) of the scores
-      const bool second = t >= kSub - p;        // column 15 - p, from its diagonal down
-      j = second ? r0 + kSub - 1 - p : r0 + p, i = second ? j + t - (kSub - p) : j + t;
-    };
-    auto put = [&](E* out, int i, int j, float x) { out[(r0 + i % kSub) * kSub + j % kSub] = from_float<E>(x); };
+  // scores, then one fused multiply-add each). Thread (I, p, e): sub-chunk I, columns p and 15 - p (16 - p
+  // and p + 1 rows: 17 together), channels 8e .. 8e + 7, the sum over channels across the 8 lanes of (I, p).
+  // The 17 steps are unrolled so that one row's loads and sums overlap the next one's; their sums over the
+  // lanes are taken eight steps at a time (steps 0-7 and 8-15 by scatter_sums8, lane e keeping step 8b + e's;
+  // step 16 by sum8) into `kept` (and `kept_kk`), which add up the parts.
+  const int dI = warp / 2, dp = (warp % 2) * 4 + lane / 8, de = lane % 8, dr0 = dI * kSub;
+  auto step = [&](int t, int& i, int& j) {  // step t's element (i, j) of the scores
+    const bool second = t >= kSub - dp;       // column 15 - p, from its diagonal down
+    j = second ? dr0 + kSub - 1 - dp : dr0 + dp, i = second ? j + t - (kSub - dp) : j + t;
+  };
+  float kept[3] = {}, kept_kk[3] = {};
+  for (int part = 0; part < parts; ++part) {
+    at.to_part(part);
+    if (part > 0) __syncthreads();  // the last part's rows are read
+    load_chunk(sq, sk, sG, view<float>(smem, S::diag), q, k, g, at);  // free until the diagonal blocks
+    __syncthreads();
+    // Only the rows the products read: X_m up to sub-chunk m / 16, and for the key-key scores Y, whose
+    // sub-chunk I >= 1 holds its own keys decayed from its first row (the row side of Akk's blocks).
+    reference_rows(X, sq, sk, sG, RefSpans{{0, 0, 0}, {32, 48, 64}}, Pair ? Y : nullptr);
+    // The walk's row factors.
+    const float* Gl = sG + (kC - 1) * S::ld32;
+    for (int i = threadIdx.x; i < kC * kD / 8; i += kThreads) {
+      const int r = i / (kD / 8), c = (i % (kD / 8)) * 8;
+      float qr[8], kr[8], er[8], gr[8];
+      unpack8<E>(*reinterpret_cast<const uint4*>(sq + r * S::ld + c), qr);
+      unpack8<E>(*reinterpret_cast<const uint4*>(sk + r * S::ld + c), kr);
+      load8(sG + r * S::ld32 + c, gr);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float eg = __expf(gr[j]);
+        qr[j] *= scale * eg, er[j] = kr[j] * eg, kr[j] *= __expf(Gl[c + j] - gr[j]);
+      }
+      *reinterpret_cast<uint4*>(qd + at.rows() + static_cast<size_t>(r) * K + c) = pack8<E>(qr);
+      *reinterpret_cast<uint4*>(kd + at.rows() + static_cast<size_t>(r) * K + c) = pack8<E>(kr);
+      if (Pair) reinterpret_cast<uint4*>(ek + at.part_rows())[i] = pack8<E>(er);
+    }
+    if (threadIdx.x < kD) a[at.channels() + threadIdx.x] = __expf(Gl[threadIdx.x]);
+    __syncthreads();
+    to_steps(sG);
+    __syncthreads();
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const int t = warp + slot * kWarps;
+      if (t >= kTiles) continue;
+      bool keys;
+      int I, J;
+      tile_of(t, keys, I, J);
+      const E* Xm = ref(X, kSub * I);
+      product_tile<false, true>(acc[slot], keys ? Y : Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
+    }
     float kf[8], sums[8], sums_kk[8];  // kf: the column's key k[j] times exp(G[i] - G[j]), step by step
 #pragma unroll
     for (int t = 0; t <= kSub; ++t) {
       int i, j;
       step(t, i, j);
+      const int c = de * 8;
       if (i == j) {
         unpack8<E>(*reinterpret_cast<const uint4*>(sk + j * S::ld + c), kf);
       } else {
@@ -335,21 +363,35 @@ __global__ void __launch_bounds__(kThreads, 3)
         for (int d = 0; d < 8; ++d) sum_kk += x[d] * kf[d];
       }
       if (t == kSub) {  // the last step alone
-        sum = sum8(sum);
-        if (e == 0) put(diag, i, j, sum * scale);
-        if constexpr (Pair) {
-          sum_kk = sum8(sum_kk);
-          if (e == 0) put(diag_kk, i, j, sum_kk);
-        }
+        kept[2] += sum8(sum);
+        if constexpr (Pair) kept_kk[2] += sum8(sum_kk);
       } else {
         sums[t % 8] = sum, sums_kk[t % 8] = sum_kk;
-        if (t % 8 == 7) {  // steps t - 7 .. t: lane e stores step t - 7 + e's
-          step(t - 7 + e, i, j);
-          put(diag, i, j, scatter_sums8(sums) * scale);
-          if constexpr (Pair) put(diag_kk, i, j, scatter_sums8(sums_kk));
+        if (t % 8 == 7) {  // steps t - 7 .. t: lane e keeps step t - 7 + e's
+          kept[t / 8] += scatter_sums8(sums);
+          if constexpr (Pair) kept_kk[t / 8] += scatter_sums8(sums_kk);
         }
       }
     }
+  }
+#pragma unroll
+  for (int slot = 0; slot < kSlots; ++slot) {
+    const int t = warp + slot * kWarps;
+    if (t >= kTiles) continue;
+    bool keys;
+    int I, J;
+    tile_of(t, keys, I, J);
+    if (!keys) scale_tile(acc[slot], scale);
+    store_tile16((keys ? Akk : A) + at.square() + I * kSub * kC + J * kSub, acc[slot], kC);
+  }
+  auto put = [&](E* out, int i, int j, float x) { out[(dr0 + i % kSub) * kSub + j % kSub] = from_float<E>(x); };
+#pragma unroll
+  for (int b = 0; b < 3; ++b) {  // steps 8b + e (b = 0, 1) and 16 (lane 0)
+    if (b == 2 && de != 0) continue;
+    int i, j;
+    step(b < 2 ? 8 * b + de : kSub, i, j);
+    put(diag, i, j, kept[b] * scale);
+    if constexpr (Pair) put(diag_kk, i, j, kept_kk[b]);
   }
   __syncthreads();
   store_diagonal_and_zeros(A + at.square(), diag);
@@ -384,21 +426,22 @@ __device__ void side_products(const E* sdA, const E* X, float* rows_side, float*
   }
 }
 
-// The gradients of q, k and g of chunk blockIdx.x of head blockIdx.y; with Pair also through the key-key
-// scores and ek.
+// The gradients of q, k and g of chunk blockIdx.x in part blockIdx.y % parts of head blockIdx.y / parts;
+// with Pair also through the key-key scores and ek. The parts share the scores' gradients dA and dAkk.
 template <typename E, bool Pair>
 __global__ void __launch_bounds__(kThreads, 2)
     vector_scores_backward_kernel(const E* __restrict__ q, const E* __restrict__ k, const float* __restrict__ g,
                                   const E* __restrict__ dA, const E* __restrict__ dqd, const E* __restrict__ dkd,
                                   const float* __restrict__ da, const E* __restrict__ dAkk, const E* __restrict__ dek,
                                   E* __restrict__ dq, E* __restrict__ dk, float* __restrict__ dg, int N, int T, int H,
-                                  float scale) {
+                                  int parts, float scale) {
   using S = BackwardSmem<Pair>;
   LINEARIZE_DYNAMIC_SHARED_ALIGNED(128, unsigned char, smem);
   E *sq = view<E>(smem, S::q), *sk = view<E>(smem, S::k), *X = view<E>(smem, S::X), *sdA = view<E>(smem, S::dA);
   E* dkk = view<E>(smem, S::diag_kk);  // [4, 16, 16]: dAkk's diagonal blocks
   float *sG = view<float>(smem, S::G), *P1 = view<float>(smem, S::rows_side), *P2 = view<float>(smem, S::cols_side);
-  const Chunk at(N, T, H);
+  Chunk at(N, T, H, parts, blockIdx.y / parts);
+  at.to_part(blockIdx.y % parts);
   // Global loads are issued well before their data is needed: dA while the chunk's rows come in, the walk's
   // gradients dqd and dkd while the reference rows and the products are computed (they then take X's place).
   RowPrefetch<kC, E> rA;
@@ -406,7 +449,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_chunk(sq, sk, sG, P2, q, k, g, at);  // the products come later
   rA.put(sdA, S::ld);
   RowPrefetch<kD, E> rdq, rdk;
-  rdq.fetch(dqd + at.rows(), kD, 0, kC), rdk.fetch(dkd + at.rows(), kD, 0, kC);
+  rdq.fetch(dqd + at.rows(), at.K(), 0, kC), rdk.fetch(dkd + at.rows(), at.K(), 0, kC);
   E *sdqd = X, *sdkd = ref(X, 32);
   if (Pair && threadIdx.x < kRowTiles * kSub * 2) {  // two 16-byte words per row of a diagonal block
     const int I = threadIdx.x / (2 * kSub), i = (threadIdx.x / 2) % kSub, h = threadIdx.x % 2;
@@ -482,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   if constexpr (Pair) {  // the same products again for dAkk, with the keys from row m on
     RowPrefetch<kD, E> rdek;
-    rA.fetch_lower(dAkk + at.square()), rdek.fetch(dek + at.rows(), kD, 0, kC);
+    rA.fetch_lower(dAkk + at.square()), rdek.fetch(dek + at.part_rows(), kD, 0, kC);
     __syncthreads();  // the products, dA, dqd and dkd are read
     // X_16 and X_32 whole again (dqd and dkd took their place), X_48 from row 48 on.
     reference_rows(X, sk, sk, sG, RefSpans{{0, 0, 48}, {64, 64, 64}});
@@ -532,23 +575,27 @@ void check_rows(const torch::Tensor& x, torch::IntArrayRef sizes, torch::ScalarT
               " must be ", sizes, " ", dt, " contiguous; got ", x.sizes(), " ", x.scalar_type());
 }
 
-// q, k [B,T,H,64] (one 16-bit dtype), g the same in fp32.
+// q, k [B,T,H,K] with K = 64 parts (one 16-bit dtype), g the same in fp32.
 struct Shape {
-  int64_t B, T, H, N;
+  int64_t B, T, H, N, parts;
   int64_t BH() const { return B * H; }
-  std::vector<int64_t> walk_rows() const { return {B, H, N * kC, kD}; }
+  int64_t K() const { return kD * parts; }
+  std::vector<int64_t> walk_rows() const { return {B, H, N * kC, K()}; }
+  std::vector<int64_t> part_rows() const { return {B, H * parts, N * kC, kD}; }
 };
 
 Shape shape_of(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g) {
-  TORCH_CHECK(q.dim() == 4 && q.size(3) == kD && vector_decay_chunk_supported(kD, kD, q.scalar_type()) &&
-                  q.is_contiguous(),
-              "fused vector-decay scores: expects q [B,T,H,64] bf16 or fp16, contiguous; got ", q.sizes(), " ",
-              q.scalar_type());
-  TORCH_CHECK(q.size(0) * q.size(2) <= 65535, "fused vector-decay scores: at most 65535 (batch, head) pairs");
+  TORCH_CHECK(q.dim() == 4 && q.size(3) > 0 && q.size(3) % kD == 0 &&
+                  vector_decay_chunk_supported(kD, kD, q.scalar_type()) && q.is_contiguous(),
+              "fused vector-decay scores: expects q [B,T,H,K] with K a multiple of 64, bf16 or fp16, contiguous; "
+              "got ", q.sizes(), " ", q.scalar_type());
+  const int64_t parts = q.size(3) / kD;
+  TORCH_CHECK(q.size(0) * q.size(2) * parts <= 65535,
+              "fused vector-decay scores: at most 65535 (batch, head, 64-channel part) triples");
   check_rows(k, q.sizes(), q.scalar_type(), "k");
   check_rows(g, q.sizes(), torch::kFloat, "g");
   const int64_t T = q.size(1);
-  return Shape{q.size(0), T, q.size(2), (T + kC - 1) / kC};
+  return Shape{q.size(0), T, q.size(2), (T + kC - 1) / kC, parts};
 }
 
 }  // namespace
@@ -561,10 +608,10 @@ VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::T
   out.A = torch::empty({p.B, p.H, p.N, kC, kC}, q.options());
   out.qd = torch::empty(p.walk_rows(), q.options());
   out.kd = torch::empty(p.walk_rows(), q.options());
-  out.a = torch::empty({p.B, p.H, p.N, kD}, g.options());
+  out.a = torch::empty({p.B, p.H, p.N, p.K()}, g.options());
   if (key_scores) {
     out.Akk = torch::empty_like(out.A);
-    out.ek = torch::empty_like(out.qd);
+    out.ek = torch::empty(p.part_rows(), q.options());
   }
   if (p.N == 0 || p.BH() == 0) return out;
   const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH()));
@@ -574,10 +621,17 @@ VectorScoresForward vector_scores_forward(const torch::Tensor& q, const torch::T
       launch(kernel, grid, kThreads, smem, data_as<E>(q), data_as<E>(k), g.data_ptr<float>(), data_as<E>(out.A),
           data_as<E>(out.qd), data_as<E>(out.kd), out.a.data_ptr<float>(),
           key_scores ? data_as<E>(out.Akk) : nullptr, key_scores ? data_as<E>(out.ek) : nullptr,
-          static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H), static_cast<float>(scale));
+          static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H), static_cast<int>(p.parts),
+          static_cast<float>(scale));
     };
-    if (key_scores) args(vector_scores_forward_kernel<E, true>, ForwardSmem<true>::bytes);
-    else args(vector_scores_forward_kernel<E, false>, ForwardSmem<false>::bytes);
+    const bool one = p.parts == 1;
+    if (key_scores) {
+      args(one ? vector_scores_forward_kernel<E, true, true> : vector_scores_forward_kernel<E, true, false>,
+           ForwardSmem<true>::bytes);
+    } else {
+      args(one ? vector_scores_forward_kernel<E, false, true> : vector_scores_forward_kernel<E, false, false>,
+           ForwardSmem<false>::bytes);
+    }
   });
   return out;
 }
@@ -590,12 +644,12 @@ VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Te
   check_rows(dA, {p.B, p.H, p.N, kC, kC}, q.scalar_type(), "dA");
   check_rows(dqd, p.walk_rows(), q.scalar_type(), "dqd (the walk's rows)");
   check_rows(dkd, p.walk_rows(), q.scalar_type(), "dkd (the walk's rows)");
-  check_rows(da, {p.B, p.H, p.N, kD}, torch::kFloat, "da");
+  check_rows(da, {p.B, p.H, p.N, p.K()}, torch::kFloat, "da");
   const bool key_scores = dAkk.defined();
   TORCH_CHECK(key_scores == dek.defined(), "fused vector-decay scores: dAkk and dek come together or not at all");
   if (key_scores) {
     check_rows(dAkk, {p.B, p.H, p.N, kC, kC}, q.scalar_type(), "dAkk");
-    check_rows(dek, p.walk_rows(), q.scalar_type(), "dek (the walk's rows)");
+    check_rows(dek, p.part_rows(), q.scalar_type(), "dek (by part)");
   }
   const c10::cuda::CUDAGuard guard(q.device());
   VectorScoresGrads out;
@@ -603,14 +657,15 @@ VectorScoresGrads vector_scores_backward(const torch::Tensor& q, const torch::Te
   out.dk = torch::empty_like(k);
   out.dg = torch::empty_like(g);
   if (p.N == 0 || p.BH() == 0) return out;
-  const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH()));
+  const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.BH() * p.parts));
   dispatch_16bit(q.scalar_type(), [&](auto elem) {
     using E = decltype(elem);
     auto args = [&](auto kernel, size_t smem) {
       launch(kernel, grid, kThreads, smem, data_as<E>(q), data_as<E>(k), g.data_ptr<float>(), data_as<E>(dA),
           data_as<E>(dqd), data_as<E>(dkd), da.data_ptr<float>(), key_scores ? data_as<E>(dAkk) : nullptr,
           key_scores ? data_as<E>(dek) : nullptr, data_as<E>(out.dq), data_as<E>(out.dk), out.dg.data_ptr<float>(),
-          static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H), static_cast<float>(scale));
+          static_cast<int>(p.N), static_cast<int>(p.T), static_cast<int>(p.H), static_cast<int>(p.parts),
+          static_cast<float>(scale));
     };
     if (key_scores) args(vector_scores_backward_kernel<E, true>, BackwardSmem<true>::bytes);
     else args(vector_scores_backward_kernel<E, false>, BackwardSmem<false>::bytes);

@@ -34,7 +34,7 @@ struct ChunkOperands {
   torch::Tensor Aqk, L, Qg, Kg, Kd, D;
 };
 
-constexpr int64_t kPart = 64;  // the fused scores kernel's head size
+constexpr int64_t kPart = 64;  // the channels of a part in the fused scores kernel
 
 // Whether q's shape fits the scores kernel in parts: K = 64 m and at most 65535 heads of parts (its grid rows).
 bool fits_in_parts(const torch::Tensor& q) {
@@ -42,9 +42,9 @@ bool fits_in_parts(const torch::Tensor& q) {
   return K % kPart == 0 && q.size(0) * q.size(2) * (K / kPart) <= 65535;
 }
 
-// ChunkOperands for a decay per key channel from the fused scores kernel (vector_decay_scores.cu, head size
-// 64), with the K = 64 m key channels as m heads of 64 each: Aqk and the keys' own scores are the sums of
-// the parts' scores (in fp32), the row factors the parts' side by side. Nothing where the kernel cannot run.
+// ChunkOperands for a decay per key channel from the fused scores kernel (vector_decay_scores.cu, K = 64 m
+// key channels taken 64 at a time): Aqk and the keys' own scores summed over the channels, the row factors
+// whole, the transform's keys from ek's parts side by side. Nothing where the kernel cannot run.
 std::optional<ChunkOperands> vector_operands_by_parts(const torch::Tensor& q, const torch::Tensor& k,
                                                       const torch::Tensor& v, const torch::Tensor& g,
                                                       const torch::Tensor& bt, double scale, int64_t chunk) {
@@ -52,22 +52,16 @@ std::optional<ChunkOperands> vector_operands_by_parts(const torch::Tensor& q, co
   const auto dt = detail::fused_chunk_dtype(q, k, v, chunk);
   if (!dt) return std::nullopt;
   const int64_t B = q.size(0), H = q.size(2), K = q.size(3), m = K / kPart;
-  auto s = detail::fused_vector_scores_by_parts(q, k, g, *dt, scale,
-                                                /*key_scores=*/true);  // A, qd, kd, a, Akk, ek of the parts
-  const int64_t N = s[0].size(2), C = s[0].size(3);
-  auto summed = [&](const torch::Tensor& x) {  // [B,H*m,N,C,C] -> [B,H,N,C,C] fp32
-    return x.to(torch::kFloat).view({B, H, m, N, C, C}).sum(2);
-  };
-  auto side_by_side = [&](const torch::Tensor& x) {  // [B,H*m,N*C,64] -> [B,H,N,C,K]
-    return x.view({B, H, m, N, C, kPart}).permute({0, 1, 3, 4, 2, 5}).reshape({B, H, N, C, K});
-  };
+  auto s = detail::fused_vector_scores(q, k, g, *dt, scale, /*key_scores=*/true);
+  const int64_t N = s.A.size(2), C = s.A.size(3);
+  auto chunks = [&](const torch::Tensor& x) { return x.view({B, H, N, C, K}); };  // [B,H,N*C,K] -> [B,H,N,C,K]
   ChunkOperands c;
-  c.Aqk = summed(s[0]);  // zeros above the diagonal as the kernel gives them
-  c.L = (summed(s[4]) * bt).tril(-1);  // the keys' scores hold their diagonal
-  c.Qg = side_by_side(s[1]);
-  c.Kd = side_by_side(s[2]);
-  c.D = s[3].view({B, H, m, N, kPart}).permute({0, 1, 3, 2, 4}).reshape({B, H, N, K, 1});
-  c.Kg = side_by_side(s[5]) * bt;
+  c.Aqk = s.A.to(torch::kFloat);  // zeros above the diagonal as the kernel gives them
+  c.L = (s.Akk.to(torch::kFloat) * bt).tril(-1);  // the keys' scores hold their diagonal
+  c.Qg = chunks(s.qd);
+  c.Kd = chunks(s.kd);
+  c.D = s.a.view({B, H, N, K, 1});
+  c.Kg = s.ek.view({B, H, m, N, C, kPart}).permute({0, 1, 3, 4, 2, 5}).reshape({B, H, N, C, K}) * bt;
   return c;
 }
 

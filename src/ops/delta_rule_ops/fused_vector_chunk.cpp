@@ -92,12 +92,28 @@ struct UtGivenFunction : public torch::autograd::Function<UtGivenFunction> {
 constexpr int64_t kHead = 64;  // the kernels' parts
 
 // x [B,H,...] -> [B,H parts,...]: x for each of `parts` heads (head, part) in a row (x itself when parts is 1).
+// Two parts are two stacked copies, whose gradients autograd adds element-wise in fp32 (the backward of an
+// expand reduces over a middle dimension of 2, which libtorch's reduction reads at a fraction of the speed);
+// more parts an expand, whose backward sums them in fp32 before rounding once.
 torch::Tensor for_each_part(const torch::Tensor& x, int64_t parts) {
   if (parts == 1) return x;
   auto shape = x.sizes().vec(), spread = shape;
   spread.insert(spread.begin() + 2, parts);
   shape[1] *= parts;
+  if (parts == 2) return torch::stack({x, x}, 2).reshape(shape);
   return x.unsqueeze(2).expand(spread).reshape(shape);
+}
+
+// x [B,H,parts,...] -> its first `count` parts (x itself when that is all of them: a narrow to the whole would
+// cost its backward a zero-filled gradient and a copy).
+torch::Tensor first_of(const torch::Tensor& x, int64_t count) {
+  return count == x.size(2) ? x : x.narrow(2, 0, count);
+}
+
+// [B,H,parts,R,64] -> [B,H,R,64 parts]: the parts' channels side by side.
+torch::Tensor parts_side_by_side(const torch::Tensor& x) {
+  const int64_t B = x.size(0), H = x.size(1), parts = x.size(2), R = x.size(3);
+  return parts == 1 ? x.view({B, H, R, x.size(4)}) : x.permute({0, 1, 3, 2, 4}).reshape({B, H, R, parts * x.size(4)});
 }
 
 // The gate as a decay per key channel [B,T,H,K] fp32: no decay is a log decay of 0 on every channel, a fixed
@@ -122,7 +138,7 @@ OpResult vector_delta_rule(const torch::Tensor& q, const torch::Tensor& k, const
                            torch::ScalarType dt) {
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const int64_t m = K / kHead, n = V / kHead, p = std::max(m, n);
-  auto s = fused_vector_scores_joined(q, k, g, dt, scale, /*key_scores=*/true);
+  auto s = fused_vector_scores(q, k, g, dt, scale, /*key_scores=*/true);
   const int64_t rows = s.qd.size(2);
   auto first_parts = [&](const torch::Tensor& x, int64_t dim) {  // part j -> part min(j, parts - 1), j < p
     const int64_t parts = x.size(dim);
@@ -131,13 +147,13 @@ OpResult vector_delta_rule(const torch::Tensor& q, const torch::Tensor& k, const
     for (int64_t j = 0; j < p; ++j) index[j] = std::min(j, parts - 1);
     return x.index_select(dim, torch::tensor(index, torch::TensorOptions().dtype(torch::kLong)).to(x.device()));
   };
-  auto ek = first_parts(s.ek_parts.view({B, H, m, rows, kHead}), 2).reshape({B, H * p, rows, kHead});
+  auto ek = first_parts(s.ek.view({B, H, m, rows, kHead}), 2).reshape({B, H * p, rows, kHead});
   auto vp = first_parts(v.to(dt).reshape({B, T, H, n, kHead}), 3).reshape({B, T, H * p, kHead});
   auto bt = beta.to(torch::kFloat).transpose(1, 2);  // [B,H,T]
   auto WU = UtGivenFunction::apply(aligned_rows(for_each_part(s.Akk, p)), aligned_rows(ek), aligned_rows(vp),
                                    aligned_rows(for_each_part(bt, p)));
-  auto W = parts_side_by_side(WU[0].view({B, H, p, rows, kHead}).narrow(2, 0, m));                   // [B,H,rows,K]
-  auto U = WU[1].view({B, H, p, rows, kHead}).narrow(2, 0, n).reshape({B, H * n, rows, kHead});  // (head, part)
+  auto W = parts_side_by_side(first_of(WU[0].view({B, H, p, rows, kHead}), m));                   // [B,H,rows,K]
+  auto U = first_of(WU[1].view({B, H, p, rows, kHead}), n).reshape({B, H * n, rows, kHead});  // (head, part)
 
   // The walk on heads (head, value part), each with every key channel (its head's).
   torch::Tensor h0s;  // [B,H,K,V] -> [B,H n,K,64]

@@ -1,6 +1,6 @@
-// Family A with a decay per key channel (GLA) through fused CUDA kernels, head size 64 (see common.h,
+// Family A with a decay per key channel (GLA) through fused CUDA kernels (see common.h,
 // detail::fused_vector_decay_chunk). The chunked form of chunk.cpp in two parts, both reading the
-// caller's rows [B,T,H,64] as they are:
+// caller's rows [B,T,H,K] as they are:
 //   A, the intra-chunk scores, and the row factors
 //   qd = scale e^G ⊙ q,  kd = e^{Gl - G} ⊙ k,  a = e^{Gl}, with G the chunk-local
 //   cumulative sum of the log decay g                                          (vector_decay_scores.cu)
@@ -8,13 +8,14 @@
 // Two autograd functions for the kernels; the scores' backward takes the walk's dqd, dkd and da back to
 // q, k and g. Kimi Delta Attention (delta_rule_ops/fused_vector_chunk.cpp) asks the scores function for the
 // keys' own scores as well.
-// Other multiples of 64 (head size 128) run through the same kernels. The output is a sum over key channels,
+// The scores kernels take any K = 64 m (64 channels at a time, a score the sum of its parts'); the walk
+// takes 64 or 128 key channels and 64 value columns. The output is a sum over key channels,
 //   o_t = Σ_c Σ_{s <= t} q_tc k_sc e^{G_tc - G_sc} v_s,
 // and each value column evolves on its own, so GLA with K = 64 m and V = 64 n is the sum over key groups
-// (of 128 channels, the walk's most, where K allows; of 64 otherwise) of GLAs on the group's channels, each
-// run on the n value parts of 64: the scores of 64-channel parts as heads of their own (a view of q, k and
-// g; a score is the sum of its parts'), the walk over heads (head, key group, value part), each reading its
-// group's scores and factors. At K = 128 there is one group, and nothing to sum.
+// (of 128 channels where K allows, of 64 otherwise) of GLAs on the group's channels, each run on the n
+// value parts of 64: the scores of the groups as heads of their own (a view of q, k and g), the walk over
+// heads (head, key group, value part), each reading its group's scores and factors. At K = 128 there is one
+// group, and nothing to sum.
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -37,8 +38,8 @@ using cuda_kernels::present;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// q, k [B,T,H,64] (one 16-bit dtype), g the same in fp32 -> A [B,H,N,64,64], qd, kd [B,H,N*64,64] (q's
-// dtype) and a [B,H,N,64] fp32; with key_scores also Akk [B,H,N,64,64] and ek [B,H,N*64,64].
+// q, k [B,T,H,K] (K = 64 m, one 16-bit dtype), g the same in fp32 -> A [B,H,N,64,64], qd, kd [B,H,N*64,K]
+// (q's dtype) and a [B,H,N,K] fp32; with key_scores also Akk [B,H,N,64,64] and ek by part [B,H m,N*64,64].
 struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& q, const torch::Tensor& k,
                                const torch::Tensor& g, double scale, bool key_scores) {
@@ -53,16 +54,16 @@ struct VectorScoresFunction : public torch::autograd::Function<VectorScoresFunct
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &g = saved[2];
-    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), N = (T + 63) / 64;
-    const std::vector<int64_t> square = {B, H, N, 64, 64}, rows = {B, H, N * 64, 64};
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), N = (T + 63) / 64, m = K / 64;
+    const std::vector<int64_t> square = {B, H, N, 64, 64}, rows = {B, H, N * 64, K}, part_rows = {B, H * m, N * 64, 64};
     auto grad = [&](const torch::Tensor& d, torch::IntArrayRef shape, torch::ScalarType dt) {  // zeros when absent
       return d.defined() ? aligned_rows(d.to(dt)) : torch::zeros(shape, q.options().dtype(dt));
     };
     const auto dt = q.scalar_type();
     torch::Tensor dAkk, dek;
-    if (ctx->saved_data["key_scores"].toBool()) dAkk = grad(grads[4], square, dt), dek = grad(grads[5], rows, dt);
+    if (ctx->saved_data["key_scores"].toBool()) dAkk = grad(grads[4], square, dt), dek = grad(grads[5], part_rows, dt);
     auto r = cuda_kernels::vector_scores_backward(q, k, g, grad(grads[0], square, dt), grad(grads[1], rows, dt),
-                                                  grad(grads[2], rows, dt), grad(grads[3], {B, H, N, 64}, torch::kFloat),
+                                                  grad(grads[2], rows, dt), grad(grads[3], {B, H, N, K}, torch::kFloat),
                                                   ctx->saved_data["scale"].toDouble(), dAkk, dek);
     return {r.dq, r.dk, r.dg, torch::Tensor(), torch::Tensor()};
   }
@@ -96,55 +97,18 @@ struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction>
 }  // namespace
 #endif
 
-std::vector<torch::Tensor> fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
-                                               double scale, bool key_scores) {
+VectorScores fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
+                                 torch::ScalarType dt, double scale, bool key_scores) {
 #ifdef LINEARIZE_WITH_KERNELS
-  return VectorScoresFunction::apply(q, k, g, scale, key_scores);
+  auto s = VectorScoresFunction::apply(aligned_rows(q.to(dt)), aligned_rows(k.to(dt)),
+                                       aligned_rows(g.to(torch::kFloat)), scale, key_scores);
+  VectorScores out{s[0], s[1], s[2], s[3], {}, {}};
+  if (key_scores) out.Akk = s[4], out.ek = s[5];
+  return out;
 #else
-  (void)q, (void)k, (void)g, (void)scale, (void)key_scores;
+  (void)q, (void)k, (void)g, (void)dt, (void)scale, (void)key_scores;
   throw std::logic_error("fused_vector_scores: not compiled in (CPU build)");
 #endif
-}
-
-std::vector<torch::Tensor> fused_vector_scores_by_parts(const torch::Tensor& q, const torch::Tensor& k,
-                                                        const torch::Tensor& g, torch::ScalarType dt, double scale,
-                                                        bool key_scores) {
-#ifdef LINEARIZE_WITH_KERNELS
-  const int64_t B = q.size(0), T = q.size(1), parts = q.size(2) * q.size(3) / kHead;
-  auto as_parts = [&](const torch::Tensor& x, torch::ScalarType to) {  // [B,T,H,K] -> [B,T,H m,64]
-    return aligned_rows(x.to(to).reshape({B, T, parts, kHead}));
-  };
-  return fused_vector_scores(as_parts(q, dt), as_parts(k, dt), as_parts(g, torch::kFloat), scale, key_scores);
-#else
-  (void)q, (void)k, (void)g, (void)dt, (void)scale, (void)key_scores;
-  throw std::logic_error("fused_vector_scores_by_parts: not compiled in (CPU build)");
-#endif
-}
-
-JoinedVectorScores fused_vector_scores_joined(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
-                                              torch::ScalarType dt, double scale, bool key_scores) {
-#ifdef LINEARIZE_WITH_KERNELS
-  const int64_t B = q.size(0), H = q.size(2), m = q.size(3) / kHead;
-  auto s = fused_vector_scores_by_parts(q, k, g, dt, scale, key_scores);
-  const int64_t N = s[0].size(2);
-  auto summed = [&](const torch::Tensor& x) {  // [B,H m,N,64,64] -> [B,H,N,64,64]
-    return m == 1 ? x : x.view({B, H, m, N, kHead, kHead}).to(torch::kFloat).sum(2).to(dt);
-  };
-  auto joined = [&](const torch::Tensor& x) {  // [B,H m,R,64] -> [B,H,R,64 m]
-    return parts_side_by_side(x.view({B, H, m, x.size(2), kHead}));
-  };
-  JoinedVectorScores j{summed(s[0]), joined(s[1]), joined(s[2]), joined(s[3]), {}, {}};
-  if (key_scores) j.Akk = summed(s[4]), j.ek_parts = s[5];
-  return j;
-#else
-  (void)q, (void)k, (void)g, (void)dt, (void)scale, (void)key_scores;
-  throw std::logic_error("fused_vector_scores_joined: not compiled in (CPU build)");
-#endif
-}
-
-torch::Tensor parts_side_by_side(const torch::Tensor& x) {
-  const int64_t B = x.size(0), H = x.size(1), parts = x.size(2), R = x.size(3);
-  return parts == 1 ? x.view({B, H, R, x.size(4)}) : x.permute({0, 1, 3, 2, 4}).reshape({B, H, R, parts * x.size(4)});
 }
 
 std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
@@ -162,7 +126,7 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   const int64_t group = K % 128 == 0 && cuda_kernels::vector_walk_supported(128, *dt) ? 128 : kHead;
   const int64_t groups = K / group, n = V / kHead;
   auto as_groups = [&](const torch::Tensor& x) { return x.reshape({B, T, H * groups, group}); };
-  auto s = fused_vector_scores_joined(as_groups(q), as_groups(k), as_groups(g), *dt, scale);  // heads (head, group)
+  auto s = fused_vector_scores(as_groups(q), as_groups(k), as_groups(g), *dt, scale);  // heads (head, group)
   // v [B,T,H,V] -> [B,T,H groups n,64]: value part j of head h for every key group.
   auto vs = v.to(*dt).reshape({B, T, H, 1, n, kHead}).expand({B, T, H, groups, n, kHead}).reshape(
       {B, T, H * groups * n, kHead});
