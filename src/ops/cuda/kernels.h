@@ -153,16 +153,21 @@ UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, co
                               const torch::Tensor& du);
 
 // The same transform given the decayed scores (a decay per key channel: Kimi Delta Attention), from
-// vector_scores_forward with key_scores: scores = its Akk [B,H,N,64,64], scores[i,j] = Σ_d k_id k_jd
-// exp(G_id - G_jd) (only the part below the diagonal is read), and k = its ek = e^G ⊙ k [B,H,N*64,64], both
-// in v's dtype; v [B,T,H,64]; beta [B,H,T] fp32. W = (I + L)^{-1} diag(beta) k, U = (I + L)^{-1}
-// diag(beta) v with L = diag(beta) scores, strictly lower. Returns w, u and the inverses as above.
+// vector_scores_forward with key_scores: scores = its Akk, scores[i,j] = Σ_d k_id k_jd exp(G_id - G_jd)
+// (only the part below the diagonal is read), and k = its ek = e^G ⊙ k by 64-channel part [B,H,N*64,64],
+// both in v's dtype; v [B,T,H,64]; beta [B,H,T] fp32. W = (I + L)^{-1} diag(beta) k, U = (I + L)^{-1}
+// diag(beta) v with L = diag(beta) scores, strictly lower. The H heads may be the parts of H / p wider key
+// heads, whose scores [B,H/p,N,64,64] they share (p = 1: scores [B,H,N,64,64]); part j of key head h is
+// head h p + j. W is stored from the first w_parts parts of each key head, side by side in the walk's rows
+// [B,H/p,N*64,64 w_parts], and U from the first u_parts, [B,H/p*u_parts,N*64,64] (head h u_parts + j); the
+// other parts' go unused. Returns w, u and the inverses as above ([B,H,N,64,64]).
 UtForward ut_transform_given_forward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
-                                     const torch::Tensor& beta);
-// Its backward: d_scores [B,H,N,64,64] (zeros on and above the diagonal), dk [B,H,N*64,64], dv, dbeta.
+                                     const torch::Tensor& beta, int64_t w_parts = 1, int64_t u_parts = 1);
+// Its backward from dW, dU in W's and U's shapes: d_scores in the scores' shape (the parts' added up; zeros
+// on and above the diagonal), dk [B,H,N*64,64], dv, dbeta.
 UtGrads ut_transform_given_backward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
                                     const torch::Tensor& beta, const torch::Tensor& inverse, const torch::Tensor& dw,
-                                    const torch::Tensor& du);
+                                    const torch::Tensor& du, int64_t w_parts = 1, int64_t u_parts = 1);
 
 // Family A with a decay per key channel (GLA), head size 64, chunks of 64, in two fused parts that the
 // caller joins (ops/linear_attention_ops/fused_vector_chunk.cpp). The caller's rows are [B,T,H,64]

@@ -23,6 +23,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <vector>
+
 #include "ops/cuda/chunk_tiles.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch.cuh"
@@ -58,24 +60,36 @@ struct BackwardSmem : Sizes {
   static_assert(2 * (bytes + 1024) <= 228 * 1024, "two blocks per SM");
 };
 
+// H heads of 64 key and value channels. Given the scores, the heads may be the 64-channel parts of wider key
+// heads: `parts` a key head (head b H + h is part (b H + h) % parts of key head (b H + h) / parts), whose
+// scores they share (read in place). Then W goes to the walk's rows of the key head, [B*H/parts, N*64, 64
+// w_parts], from part j < w_parts (the others' W is not stored, and has no gradient), and U to value part j <
+// u_parts of [B*H/parts*u_parts, N*64, 64]. Without the scores all three are 1: W and U [B*H, N*64, 64].
 struct UtShape {
   int B, T, H, N;
+  int parts = 1, w_parts = 1, u_parts = 1;
 };
 
-// Where one block's data lie: rows of k, v (and dk, dv) in [B, T, H, 64]; rows of w, u (and, given
-// the scores, of k and dk) in [B*H, N*64, 64]; beta, g, dbeta, dg in [B*H, T]; T (and the given scores)
-// in [B*H, N, 64, 64].
+// Where one block's data lie: rows of k, v (and dk, dv) in [B, T, H, 64]; given the scores, rows of k and
+// dk in [B*H, N*64, 64]; rows of w and u (and their gradients) where UtShape says, with row strides w_ld and
+// kD (has_w, has_u: whether this head's are stored); beta, g, dbeta, dg in [B*H, T]; T and d_scores in
+// [B*H, N, 64, 64], the given scores in [B*H/parts, N, 64, 64].
 struct ChunkAt {
-  int n, bh, t0;
-  size_t head, row, chunked, steps, inverse;
+  int n, bh, t0, w_ld;
+  bool has_w, has_u;
+  size_t head, row, chunked, steps, inverse, scores, w, u;
   __device__ explicit ChunkAt(const UtShape& p) {
     n = blockIdx.x, bh = blockIdx.y, t0 = n * kC;
-    const int b = bh / p.H, h = bh % p.H;
+    const int b = bh / p.H, h = bh % p.H, key_head = bh / p.parts, part = bh % p.parts;
     row = static_cast<size_t>(p.H) * kD;
     head = (static_cast<size_t>(b) * p.T * p.H + h) * kD;
     chunked = static_cast<size_t>(bh) * p.N * kC * kD;
     steps = static_cast<size_t>(bh) * p.T;
     inverse = (static_cast<size_t>(bh) * p.N + n) * kC * kC;
+    scores = (static_cast<size_t>(key_head) * p.N + n) * kC * kC;
+    has_w = part < p.w_parts, has_u = part < p.u_parts, w_ld = kD * p.w_parts;
+    w = static_cast<size_t>(key_head) * p.N * kC * w_ld + part * kD;
+    u = (static_cast<size_t>(key_head) * p.u_parts + part) * p.N * kC * kD;
   }
 };
 
@@ -276,7 +290,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   load_beta_and_gates(sb, G, beta, Given ? nullptr : g, at, p.T);
   __syncthreads();
   scaled_rows<E>(nullptr, Kg, Vb, sk, sv, sb, G + kC, S::ld);
-  if constexpr (Given) given_scores(L, scores + at.inverse, sb);
+  if constexpr (Given) given_scores(L, scores + at.scores, sb);
   else decayed_scores(L, sk, sb, G);
   __syncthreads();
   unit_lower_inverse_blocks(T, L);  // ends on a barrier
@@ -288,10 +302,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   for (int t = threadIdx.x / 32; t < 2 * kRowTiles * (kD / 16); t += kWarps) {
     const bool second = t >= kRowTiles * (kD / 16);
     const int R = (t / (kD / 16)) % kRowTiles, Cc = t % (kD / 16);
+    if (!(second ? at.has_u : at.has_w)) continue;  // warp-uniform
     Acc acc;
     zero(acc);
     product_tile<false, false>(acc, T16, S::ld, second ? Vb : Kg, S::ld, R, Cc, 0, R + 1);
-    store_tile16((second ? u : w) + at.chunked + static_cast<size_t>(at.t0 + 16 * R) * kD + 16 * Cc, acc, kD);
+    const int ld = second ? kD : at.w_ld;
+    store_tile16((second ? u + at.u : w + at.w) + static_cast<size_t>(at.t0 + 16 * R) * ld + 16 * Cc, acc, ld);
   }
 }
 
@@ -367,7 +383,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     if constexpr (Given) rk.fetch(k + at.chunked, kD, at.t0, Tp);
     else rk.fetch(k + at.head, at.row, at.t0, p.T);
     rv.fetch(v + at.head, at.row, at.t0, p.T);
-    rw.fetch(dw + at.chunked, kD, at.t0, Tp), ru.fetch(du + at.chunked, kD, at.t0, Tp);
+    // No W or U stored: no gradient (a start before row 0 fetches zeros).
+    rw.fetch(dw + (at.has_w ? at.w : 0), at.w_ld, at.has_w ? at.t0 : -1, Tp);
+    ru.fetch(du + (at.has_u ? at.u : 0), kD, at.has_u ? at.t0 : -1, Tp);
     rk.put(sk, S::ld), rv.put(sv, S::ld), rw.put(sdw, S::ld), ru.put(sdu, S::ld);
   }
   load_beta_and_gates(sb, G, beta, Given ? nullptr : g, at, p.T);
@@ -401,7 +419,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       product_tile_3xtf32<true, false>(dl, T, Bm, S::ld32, R, Cc, 2 * R, kC / 8);
       negate(dl);
       strictly_lower(dl, R, Cc);
-      load_tile16(a, scores + at.inverse + R * 16 * kC + Cc * 16, kC);
+      load_tile16(a, scores + at.scores + R * 16 * kC + Cc * 16, kC);
       tile_row_sums(dl, a, R, Cc, row_parts);
       scale_tile_rows(dl, sb, R, 1.f);
       store_tile16(dA + R * 16 * kC + Cc * 16, dl, kC);
@@ -550,12 +568,20 @@ UtShape ut_shape(const torch::Tensor& k, const torch::Tensor& v, const torch::Te
   return UtShape{static_cast<int>(B), static_cast<int>(T), static_cast<int>(H), static_cast<int>((T + kC - 1) / kC)};
 }
 
-// Given the scores: scores [B,H,N,64,64] and k [B,H,N*64,64] in v's dtype, contiguous.
+// Given the scores: scores [B,H/parts,N,64,64] and k [B,H,N*64,64] in v's dtype, contiguous, with parts = H
+// over the scores' heads; W from w_parts and U from u_parts of each key head's parts (see UtShape).
 UtShape ut_shape_given(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& beta) {
+                       const torch::Tensor& beta, int64_t w_parts, int64_t u_parts) {
   TORCH_CHECK(v.dim() == 4, "fused UT transform: expects v [B,T,H,64]; got ", v.sizes());
-  const UtShape p = ut_shape(v, v, beta);
-  TORCH_CHECK(scores.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) &&
+  UtShape p = ut_shape(v, v, beta);
+  const int64_t key_heads = scores.dim() == 5 ? scores.size(1) : 0;
+  TORCH_CHECK(key_heads > 0 && p.H % key_heads == 0, "fused UT transform: the scores' heads must divide v's ", p.H,
+              "; got scores ", scores.sizes());
+  p.parts = static_cast<int>(p.H / key_heads);
+  TORCH_CHECK(w_parts >= 1 && w_parts <= p.parts && u_parts >= 1 && u_parts <= p.parts,
+              "fused UT transform: W and U take 1 to ", p.parts, " parts of a key head; got ", w_parts, " and ", u_parts);
+  p.w_parts = static_cast<int>(w_parts), p.u_parts = static_cast<int>(u_parts);
+  TORCH_CHECK(scores.sizes() == torch::IntArrayRef({p.B, key_heads, p.N, kC, kC}) &&
                   scores.scalar_type() == v.scalar_type() && scores.is_contiguous(),
               "fused UT transform: the scores must be [B,H,N,64,64] in v's dtype, contiguous; got ", scores.sizes(),
               " ", scores.scalar_type());
@@ -566,13 +592,17 @@ UtShape ut_shape_given(const torch::Tensor& scores, const torch::Tensor& k, cons
   return p;
 }
 
+// W's and U's shapes (see UtShape).
+std::vector<int64_t> w_shape(const UtShape& p) { return {p.B, p.H / p.parts, p.N * kC, kD * p.w_parts}; }
+std::vector<int64_t> u_shape(const UtShape& p) { return {p.B, p.H / p.parts * p.u_parts, p.N * kC, kD}; }
+
 template <bool Given>
 UtForward ut_forward(const UtShape& p, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
                      const torch::Tensor& g, const torch::Tensor& scores) {
   const c10::cuda::CUDAGuard guard(v.device());
   UtForward out;
-  out.w = torch::empty({p.B, p.H, p.N * kC, kD}, v.options());
-  out.u = torch::empty_like(out.w);
+  out.w = torch::empty(w_shape(p), v.options());
+  out.u = torch::empty(u_shape(p), v.options());
   out.inverse = torch::empty({p.B, p.H, p.N, kC, kC}, v.options().dtype(torch::kFloat));
   if (p.N == 0 || p.B * p.H == 0) return out;
   dispatch_16bit(v.scalar_type(), [&](auto elem) {
@@ -589,11 +619,11 @@ template <bool Given>
 UtGrads ut_backward(const UtShape& p, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& beta,
                     const torch::Tensor& g, const torch::Tensor& scores, const torch::Tensor& inverse,
                     const torch::Tensor& dw, const torch::Tensor& du) {
-  TORCH_CHECK(dw.sizes() == torch::IntArrayRef({p.B, p.H, p.N * kC, kD}) && du.sizes() == dw.sizes() &&
+  TORCH_CHECK(dw.sizes() == torch::IntArrayRef(w_shape(p)) && du.sizes() == torch::IntArrayRef(u_shape(p)) &&
                   dw.scalar_type() == v.scalar_type() && du.scalar_type() == v.scalar_type() && dw.is_contiguous() &&
                   du.is_contiguous(),
-              "fused UT transform: dW, dU must be [B,H,N*64,64] in v's dtype, contiguous; got ", dw.sizes(), " ",
-              du.sizes());
+              "fused UT transform: dW, dU must be ", torch::IntArrayRef(w_shape(p)), ", ", torch::IntArrayRef(u_shape(p)),
+              " in v's dtype, contiguous; got ", dw.sizes(), " ", du.sizes());
   TORCH_CHECK(inverse.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && inverse.scalar_type() == torch::kFloat,
               "fused UT transform: the stored inverses must be [B,H,N,64,64] fp32; got ", inverse.sizes());
   const c10::cuda::CUDAGuard guard(v.device());
@@ -602,16 +632,23 @@ UtGrads ut_backward(const UtShape& p, const torch::Tensor& k, const torch::Tenso
   out.dv = torch::empty_like(v);
   out.dbeta = torch::empty_like(beta);
   if (g.defined() && !Given) out.dg = torch::empty_like(beta);
-  if (Given) out.d_scores = torch::empty_like(scores);
-  if (p.N == 0 || p.B * p.H == 0) return out;
-  dispatch_16bit(v.scalar_type(), [&](auto elem) {
-    using E = decltype(elem);
-    const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
-    launch(ut_backward_kernel<E, Given>, grid, kThreads, BackwardSmem::bytes, data_as<E>(k), data_as<E>(v),
-           beta.data_ptr<float>(), ptr_or_null(g), Given ? data_as<E>(scores) : nullptr, inverse.data_ptr<float>(),
-           data_as<E>(dw), data_as<E>(du), data_as<E>(out.dk), data_as<E>(out.dv),
-           Given ? data_as<E>(out.d_scores) : nullptr, out.dbeta.data_ptr<float>(), out_or_null(out.dg), p);
-  });
+  if (Given) out.d_scores = torch::empty_like(inverse, v.options());  // each part's, [B,H,N,64,64]
+  if (p.N > 0 && p.B * p.H > 0) {
+    dispatch_16bit(v.scalar_type(), [&](auto elem) {
+      using E = decltype(elem);
+      const dim3 grid(static_cast<unsigned>(p.N), static_cast<unsigned>(p.B * p.H));
+      launch(ut_backward_kernel<E, Given>, grid, kThreads, BackwardSmem::bytes, data_as<E>(k), data_as<E>(v),
+             beta.data_ptr<float>(), ptr_or_null(g), Given ? data_as<E>(scores) : nullptr, inverse.data_ptr<float>(),
+             data_as<E>(dw), data_as<E>(du), data_as<E>(out.dk), data_as<E>(out.dv),
+             Given ? data_as<E>(out.d_scores) : nullptr, out.dbeta.data_ptr<float>(), out_or_null(out.dg), p);
+    });
+  }
+  if (Given && p.parts > 1) {  // the parts' gradients of their shared scores added up
+    auto parts = out.d_scores.view({p.B, p.H / p.parts, p.parts, p.N, kC, kC});
+    // Two parts as one element-wise add (libtorch's reduction over a middle dimension of 2 reads slowly);
+    // the same fp32 sum, rounded once.
+    out.d_scores = p.parts == 2 ? parts.select(2, 0) + parts.select(2, 1) : parts.sum(2);
+  }
   return out;
 }
 
@@ -629,14 +666,15 @@ UtGrads ut_transform_backward(const torch::Tensor& k, const torch::Tensor& v, co
 }
 
 UtForward ut_transform_given_forward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
-                                     const torch::Tensor& beta) {
-  return ut_forward<true>(ut_shape_given(scores, k, v, beta), k, v, beta, torch::Tensor(), scores);
+                                     const torch::Tensor& beta, int64_t w_parts, int64_t u_parts) {
+  return ut_forward<true>(ut_shape_given(scores, k, v, beta, w_parts, u_parts), k, v, beta, torch::Tensor(), scores);
 }
 
 UtGrads ut_transform_given_backward(const torch::Tensor& scores, const torch::Tensor& k, const torch::Tensor& v,
                                     const torch::Tensor& beta, const torch::Tensor& inverse, const torch::Tensor& dw,
-                                    const torch::Tensor& du) {
-  return ut_backward<true>(ut_shape_given(scores, k, v, beta), k, v, beta, torch::Tensor(), scores, inverse, dw, du);
+                                    const torch::Tensor& du, int64_t w_parts, int64_t u_parts) {
+  return ut_backward<true>(ut_shape_given(scores, k, v, beta, w_parts, u_parts), k, v, beta, torch::Tensor(), scores,
+                           inverse, dw, du);
 }
 
 }  // namespace linearize::ops::cuda_kernels

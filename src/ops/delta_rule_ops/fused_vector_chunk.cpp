@@ -9,14 +9,15 @@
 // Autograd joins the parts: the walk's dW and dU go back through the transform to Akk, beta, e^G ⊙ k
 // and v, and the scores kernel's backward takes both scores' gradients (and those of the row factors)
 // back to q, k and g in one pass.
-// The scores and UT kernels take 64 channels, the walk 64 or 128 key channels and 64 value columns, so
-// K = 64 m (m = 1 or 2) and V = 64 n run in parts of 64 channels (vector_delta_rule below): the scores of
-// the key parts as heads of their own (a score is the sum of its parts'), the UT transform per part (the
-// rows of W and U are the key and value parts of one inverse applied to diag(beta) [e^G ⊙ k, v]), and the
-// walk with all K key channels (the delta rule's correction W S needs them at once) on each part of 64
-// value columns as a head of its own (the state's columns never mix). At K = V = 64 there is one part of
-// each. DeltaNet and Gated DeltaNet at head sizes other than 64 take this path too, their decay (none, or
-// one per step) given to every key channel.
+// The scores kernels take K = 64 m key channels (64 at a time, their scores summed in the kernel); the UT
+// kernels 64 channels, the walk 64 or 128 key channels and 64 value columns. So K = 64 m (m = 1 or 2) and
+// V = 64 n run (vector_delta_rule below) as: the UT transform per 64-channel part, on heads (head, part) that
+// read their head's keys' scores in place (the rows of W and U are the key and value parts of one inverse
+// applied to diag(beta) [e^G ⊙ k, v]), storing W's key parts side by side in the walk's rows and U by value
+// part; and the walk with all K key channels (the delta rule's correction W S needs them at once) on each
+// part of 64 value columns as a head of its own (the state's columns never mix). At K = V = 64 there is one
+// part of each. DeltaNet and Gated DeltaNet at head sizes other than 64 take this path too, their decay
+// (none, or one per step) given to every key channel.
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -66,54 +67,44 @@ struct VectorDeltaWalkFunction : public torch::autograd::Function<VectorDeltaWal
   }
 };
 
-// Akk [B,H,N,64,64] and ek = e^G ⊙ k [B,H,N*64,64] from the scores kernel, v [B,T,H,64] (one 16-bit dtype),
-// beta [B,H,T] fp32 -> W, U [B,H,N*64,64].
+// Akk [B,Hk,N,64,64] and ek = e^G ⊙ k by part [B,H,N*64,64] from the scores kernel, v [B,T,H,64] (one 16-bit
+// dtype), beta [B,H,T] fp32, with H = p Hk UT heads (the parts of each key head) -> W [B,Hk,N*64,64 w_parts]
+// and U [B,Hk u_parts,N*64,64] (cuda_kernels::ut_transform_given_forward).
 struct UtGivenFunction : public torch::autograd::Function<UtGivenFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& Akk, const torch::Tensor& ek,
-                               const torch::Tensor& v, const torch::Tensor& beta) {
-    auto r = cuda_kernels::ut_transform_given_forward(Akk, ek, v, beta);
+                               const torch::Tensor& v, const torch::Tensor& beta, int64_t w_parts, int64_t u_parts) {
+    auto r = cuda_kernels::ut_transform_given_forward(Akk, ek, v, beta, w_parts, u_parts);
     ctx->save_for_backward({Akk, ek, v, beta});
     ctx->saved_data["inverse"] = r.inverse;
+    ctx->saved_data["w_parts"] = w_parts;
+    ctx->saved_data["u_parts"] = u_parts;
     return {r.w, r.u};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &Akk = saved[0], &ek = saved[1], &v = saved[2], &beta = saved[3];
-    auto as_grad = [&](const torch::Tensor& d) {  // [B,H,N*64,64] in ek's dtype
-      return d.defined() ? aligned_rows(d.to(ek.scalar_type())) : torch::zeros_like(ek);
+    const int64_t w_parts = ctx->saved_data["w_parts"].toInt(), u_parts = ctx->saved_data["u_parts"].toInt();
+    const int64_t B = ek.size(0), Hk = Akk.size(1), R = ek.size(2);
+    auto as_grad = [&](const torch::Tensor& d, std::vector<int64_t> shape) {  // in ek's dtype
+      return d.defined() ? aligned_rows(d.to(ek.scalar_type())) : torch::zeros(shape, ek.options());
     };
-    auto r = cuda_kernels::ut_transform_given_backward(Akk, ek, v, beta, ctx->saved_data["inverse"].toTensor(),
-                                                       as_grad(grads[0]), as_grad(grads[1]));
-    return {r.d_scores, r.dk, r.dv, r.dbeta};
+    auto r = cuda_kernels::ut_transform_given_backward(
+        Akk, ek, v, beta, ctx->saved_data["inverse"].toTensor(), as_grad(grads[0], {B, Hk, R, 64 * w_parts}),
+        as_grad(grads[1], {B, Hk * u_parts, R, 64}), w_parts, u_parts);
+    return {r.d_scores, r.dk, r.dv, r.dbeta, torch::Tensor(), torch::Tensor()};
   }
 };
 
 constexpr int64_t kHead = 64;  // the kernels' parts
 
 // x [B,H,...] -> [B,H parts,...]: x for each of `parts` heads (head, part) in a row (x itself when parts is 1).
-// Two parts are two stacked copies, whose gradients autograd adds element-wise in fp32 (the backward of an
-// expand reduces over a middle dimension of 2, which libtorch's reduction reads at a fraction of the speed);
-// more parts an expand, whose backward sums them in fp32 before rounding once.
 torch::Tensor for_each_part(const torch::Tensor& x, int64_t parts) {
   if (parts == 1) return x;
   auto shape = x.sizes().vec(), spread = shape;
   spread.insert(spread.begin() + 2, parts);
   shape[1] *= parts;
-  if (parts == 2) return torch::stack({x, x}, 2).reshape(shape);
   return x.unsqueeze(2).expand(spread).reshape(shape);
-}
-
-// x [B,H,parts,...] -> its first `count` parts (x itself when that is all of them: a narrow to the whole would
-// cost its backward a zero-filled gradient and a copy).
-torch::Tensor first_of(const torch::Tensor& x, int64_t count) {
-  return count == x.size(2) ? x : x.narrow(2, 0, count);
-}
-
-// [B,H,parts,R,64] -> [B,H,R,64 parts]: the parts' channels side by side.
-torch::Tensor parts_side_by_side(const torch::Tensor& x) {
-  const int64_t B = x.size(0), H = x.size(1), parts = x.size(2), R = x.size(3);
-  return parts == 1 ? x.view({B, H, R, x.size(4)}) : x.permute({0, 1, 3, 2, 4}).reshape({B, H, R, parts * x.size(4)});
 }
 
 // The gate as a decay per key channel [B,T,H,K] fp32: no decay is a log decay of 0 on every channel, a fixed
@@ -130,9 +121,8 @@ torch::Tensor gate_per_channel(const torch::Tensor& g, GateKind kind, const torc
 }
 
 // The chunked form with K = 64 m key channels (m = 1 or 2) and V = 64 n value columns (see the top), in dt.
-// The UT transform runs on heads (head, j) for j < p = max(m, n), each with the summed keys' scores, key part
-// min(j, m - 1) and value part min(j, n - 1); W takes the first m of them and U the first n (the others'
-// outputs go unused, and so get no gradient).
+// The UT transform runs on heads (head, j) for j < p = max(m, n), each with its head's keys' scores, key part
+// min(j, m - 1) and value part min(j, n - 1); W is stored from the first m of them and U from the first n.
 OpResult vector_delta_rule(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0, double scale,
                            torch::ScalarType dt) {
@@ -150,17 +140,16 @@ OpResult vector_delta_rule(const torch::Tensor& q, const torch::Tensor& k, const
   auto ek = first_parts(s.ek.view({B, H, m, rows, kHead}), 2).reshape({B, H * p, rows, kHead});
   auto vp = first_parts(v.to(dt).reshape({B, T, H, n, kHead}), 3).reshape({B, T, H * p, kHead});
   auto bt = beta.to(torch::kFloat).transpose(1, 2);  // [B,H,T]
-  auto WU = UtGivenFunction::apply(aligned_rows(for_each_part(s.Akk, p)), aligned_rows(ek), aligned_rows(vp),
-                                   aligned_rows(for_each_part(bt, p)));
-  auto W = parts_side_by_side(first_of(WU[0].view({B, H, p, rows, kHead}), m));                   // [B,H,rows,K]
-  auto U = first_of(WU[1].view({B, H, p, rows, kHead}), n).reshape({B, H * n, rows, kHead});  // (head, part)
+  // W [B,H,rows,K] (the m key parts side by side), U [B,H n,rows,64] (head, value part).
+  auto WU = UtGivenFunction::apply(s.Akk, aligned_rows(ek), aligned_rows(vp), aligned_rows(for_each_part(bt, p)), m,
+                                   n);
+  const auto &W = WU[0], &U = WU[1];
 
   // The walk on heads (head, value part), each with every key channel (its head's).
   torch::Tensor h0s;  // [B,H,K,V] -> [B,H n,K,64]
   if (h0.defined())
     h0s = h0.to(torch::kFloat).reshape({B, H, K, n, kHead}).permute({0, 1, 3, 2, 4}).reshape({B, H * n, K, kHead});
-  auto out = VectorDeltaWalkFunction::apply(s.qd, s.kd, aligned_rows(W), aligned_rows(U), s.A, s.a,
-                                            kernel_state(h0s, q.options()), T);
+  auto out = VectorDeltaWalkFunction::apply(s.qd, s.kd, W, U, s.A, s.a, kernel_state(h0s, q.options()), T);
   auto state = out[1].view({B, H, n, K, kHead}).permute({0, 1, 3, 2, 4}).reshape({B, H, K, V});
   return OpResult{out[0].reshape({B, T, H, V}).to(v.scalar_type()), state};
 }
