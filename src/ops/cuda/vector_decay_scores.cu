@@ -278,14 +278,16 @@ __global__ void __launch_bounds__(kThreads, 3)
   // scores' six on warps 6, 7, 0 .. 3): tile t is the warp's accumulator t / kWarps.
   constexpr int kTiles = Pair ? 12 : 6, kSlots = (kTiles + kWarps - 1) / kWarps;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  auto tile_of = [](int t, bool& keys, int& I, int& J) {
-    keys = t >= 6;
-    const int b = t % 6;
-    I = b < 1 ? 1 : b < 3 ? 2 : 3, J = b - (I * (I - 1)) / 2;
-  };
   Acc acc[kSlots];
 #pragma unroll
   for (int slot = 0; slot < kSlots; ++slot) zero(acc[slot]);
+  auto each_tile = [&](auto&& fn) {  // fn(accumulator, keys, I, J) for each of the warp's tiles
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const int t = warp + slot * kWarps, b = t % 6, I = b < 1 ? 1 : b < 3 ? 2 : 3;
+      if (t < kTiles) fn(acc[slot], t >= 6, I, b - (I * (I - 1)) / 2);
+    }
+  };
   // The diagonal blocks, in fp32 from the per-step factors e^{G[r] - G[r-1]} (<= 1; sG holds them from each
   // sub-chunk's second row on): exp(G[i] - G[j]) is their product over rows j+1 .. i, which the thread
   // multiplies into the column's key k[j] step by step (one product a channel and step, shared by both
@@ -329,16 +331,10 @@ __global__ void __launch_bounds__(kThreads, 3)
     __syncthreads();
     to_steps(sG);
     __syncthreads();
-#pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) {
-      const int t = warp + slot * kWarps;
-      if (t >= kTiles) continue;
-      bool keys;
-      int I, J;
-      tile_of(t, keys, I, J);
+    each_tile([&](Acc& acc, bool keys, int I, int J) {
       const E* Xm = ref(X, kSub * I);
-      product_tile<false, true>(acc[slot], keys ? Y : Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
-    }
+      product_tile<false, true>(acc, keys ? Y : Xm, S::ld, Xm, S::ld, I, J, 0, kD / 16);
+    });
     float kf[8], sums[8], sums_kk[8];  // kf: the column's key k[j] times exp(G[i] - G[j]), step by step
 #pragma unroll
     for (int t = 0; t <= kSub; ++t) {
@@ -374,16 +370,10 @@ __global__ void __launch_bounds__(kThreads, 3)
       }
     }
   }
-#pragma unroll
-  for (int slot = 0; slot < kSlots; ++slot) {
-    const int t = warp + slot * kWarps;
-    if (t >= kTiles) continue;
-    bool keys;
-    int I, J;
-    tile_of(t, keys, I, J);
-    if (!keys) scale_tile(acc[slot], scale);
-    store_tile16((keys ? Akk : A) + at.square() + I * kSub * kC + J * kSub, acc[slot], kC);
-  }
+  each_tile([&](Acc& acc, bool keys, int I, int J) {
+    if (!keys) scale_tile(acc, scale);
+    store_tile16((keys ? Akk : A) + at.square() + I * kSub * kC + J * kSub, acc, kC);
+  });
   auto put = [&](E* out, int i, int j, float x) { out[(dr0 + i % kSub) * kSub + j % kSub] = from_float<E>(x); };
 #pragma unroll
   for (int b = 0; b < 3; ++b) {  // steps 8b + e (b = 0, 1) and 16 (lane 0)
