@@ -547,7 +547,8 @@ TEST(CudaOps, FusedVectorScoresInPartsMatchPartCalls) {
       SCOPED_TRACE("K=" + std::to_string(K) + " pair=" + std::to_string(pair));
       const int64_t m = K / 64;
       torch::manual_seed(60 + K + pair);
-      const auto q0 = torch::randn({B, T, H, K}, opts).to(dt), k0 = ops::l2_norm(torch::randn({B, T, H, K}, opts)).to(dt);
+      const auto q0 = torch::randn({B, T, H, K}, opts).to(dt);
+      const auto k0 = ops::l2_norm(torch::randn({B, T, H, K}, opts)).to(dt);
       const auto g0 = torch::log_sigmoid(torch::randn({B, T, H, K}, opts) + 3) / 4;
       const double scale = 0.1;
       // A, qd, kd, a, (Akk, ek,) dq, dk, dg; the parts' A and Akk summed in fp32, their rows side by side.

@@ -579,12 +579,13 @@ UtShape ut_shape_given(const torch::Tensor& scores, const torch::Tensor& k, cons
               "; got scores ", scores.sizes());
   p.parts = static_cast<int>(p.H / key_heads);
   TORCH_CHECK(w_parts >= 1 && w_parts <= p.parts && u_parts >= 1 && u_parts <= p.parts,
-              "fused UT transform: W and U take 1 to ", p.parts, " parts of a key head; got ", w_parts, " and ", u_parts);
+              "fused UT transform: W and U take 1 to ", p.parts, " parts of a key head; got ", w_parts, " and ",
+              u_parts);
   p.w_parts = static_cast<int>(w_parts), p.u_parts = static_cast<int>(u_parts);
   TORCH_CHECK(scores.sizes() == torch::IntArrayRef({p.B, key_heads, p.N, kC, kC}) &&
                   scores.scalar_type() == v.scalar_type() && scores.is_contiguous(),
-              "fused UT transform: the scores must be [B,H,N,64,64] in v's dtype, contiguous; got ", scores.sizes(),
-              " ", scores.scalar_type());
+              "fused UT transform: the scores must be [B,H/parts,N,64,64] in v's dtype, contiguous; got ",
+              scores.sizes(), " ", scores.scalar_type());
   TORCH_CHECK(k.sizes() == torch::IntArrayRef({p.B, p.H, p.N * kC, kD}) && k.scalar_type() == v.scalar_type() &&
                   k.is_contiguous(),
               "fused UT transform: the rows e^G ⊙ k must be [B,H,N*64,64] in v's dtype, contiguous; got ", k.sizes(),
@@ -622,8 +623,8 @@ UtGrads ut_backward(const UtShape& p, const torch::Tensor& k, const torch::Tenso
   TORCH_CHECK(dw.sizes() == torch::IntArrayRef(w_shape(p)) && du.sizes() == torch::IntArrayRef(u_shape(p)) &&
                   dw.scalar_type() == v.scalar_type() && du.scalar_type() == v.scalar_type() && dw.is_contiguous() &&
                   du.is_contiguous(),
-              "fused UT transform: dW, dU must be ", torch::IntArrayRef(w_shape(p)), ", ", torch::IntArrayRef(u_shape(p)),
-              " in v's dtype, contiguous; got ", dw.sizes(), " ", du.sizes());
+              "fused UT transform: dW, dU must be ", torch::IntArrayRef(w_shape(p)), ", ",
+              torch::IntArrayRef(u_shape(p)), " in v's dtype, contiguous; got ", dw.sizes(), " ", du.sizes());
   TORCH_CHECK(inverse.sizes() == torch::IntArrayRef({p.B, p.H, p.N, kC, kC}) && inverse.scalar_type() == torch::kFloat,
               "fused UT transform: the stored inverses must be [B,H,N,64,64] fp32; got ", inverse.sizes());
   const c10::cuda::CUDAGuard guard(v.device());
