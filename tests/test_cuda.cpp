@@ -352,6 +352,35 @@ TEST(CudaOps, FusedGatedLinearAttentionChunkMatchesFp32) {
   }
 }
 
+// The UT transform given the scores, with heads that are parts of wider key heads: shapes that do not fit
+// get an error that says what was expected. Four heads of v on two key heads (two parts each), T = 70.
+TEST(CudaOps, UtTransformGivenRejectsShapesThatDoNotFit) {
+  REQUIRE_KERNELS();
+#ifdef LINEARIZE_WITH_KERNELS
+  const int64_t B = 1, T = 70, H = 4, N = 2;
+  const auto opts = torch::TensorOptions().device(dev).dtype(torch::kBFloat16);
+  const auto v = torch::randn({B, T, H, 64}, opts), ek = torch::randn({B, H, N * 64, 64}, opts);
+  const auto beta = torch::rand({B, H, T}, opts.dtype(torch::kFloat));
+  auto error_of = [&](const torch::Tensor& scores, int64_t w_parts, int64_t u_parts) -> std::string {
+    try {
+      ops::cuda_kernels::ut_transform_given_forward(scores, ek, v, beta, w_parts, u_parts);
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "";
+  };
+  const auto fits = torch::randn({B, 2, N, 64, 64}, opts);
+  auto r = ops::cuda_kernels::ut_transform_given_forward(fits, ek, v, beta, 2, 1);
+  EXPECT_EQ(r.w.sizes(), torch::IntArrayRef({B, 2, N * 64, 128}));  // W's two key parts side by side
+  EXPECT_EQ(r.u.sizes(), torch::IntArrayRef({B, 2, N * 64, 64}));   // U from the first part only
+  EXPECT_NE(error_of(torch::randn({B, 3, N, 64, 64}, opts), 1, 1).find("the scores' heads must divide v's 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(fits, 3, 1).find("W and U take 1 to 2 parts of a key head; got 3 and 1"), std::string::npos);
+  EXPECT_NE(error_of(torch::randn({B, 2, N + 1, 64, 64}, opts), 1, 1).find("the scores must be [B,H/parts,N,64,64]"),
+            std::string::npos);
+#endif
+}
+
 // The fused UT transform (ops/cuda/ut_transform.cu) against the transform written out with libtorch ops
 // in fp32 on the same bf16-representable inputs: W, U and the gradients of k, v, beta and the decay,
 // T = 150 (a partial last chunk), no decay and a scalar decay.
