@@ -511,6 +511,17 @@ TEST(CudaOps, FusedDeltaWalkMatchesFp32) {
   }
 }
 
+// Backward from a random weighting of every output (the weights drawn after seeding with `seed`, so two runs
+// with outputs of the same shapes take the same ones), then the inputs' gradients appended to the outputs.
+void with_grads_of_random_loss(std::vector<torch::Tensor>& out, uint64_t seed,
+                               std::initializer_list<torch::Tensor> inputs) {
+  torch::manual_seed(seed);
+  auto loss = torch::zeros({}, out.front().options().dtype(torch::kFloat));
+  for (const auto& o : out) loss = loss + (o.to(torch::kFloat) * torch::randn(o.sizes(), loss.options())).sum();
+  loss.backward();
+  for (const auto& x : inputs) out.push_back(x.grad());
+}
+
 // The scores kernels asked for the keys' own scores as well (Kimi Delta Attention's one call) against two
 // calls of the plain kernels, q against k and k against k: the forward's six outputs, and dq, dk, dg for
 // random gradients of all six. Both read the same rounded inputs, so the outputs may differ by a rounding
@@ -536,11 +547,7 @@ TEST(CudaOps, FusedVectorScoresWithKeyScoresMatchTwoCalls) {
         auto keys = ops::detail::fused_vector_scores(k, k, g, dt, 1.0);
         out.push_back(keys.A), out.push_back(keys.qd);
       }
-      torch::manual_seed(51);
-      auto loss = torch::zeros({}, opts);
-      for (const auto& o : out) loss = loss + (o.to(torch::kFloat) * torch::randn(o.sizes(), opts)).sum();
-      loss.backward();
-      out.push_back(q.grad()), out.push_back(k.grad()), out.push_back(g.grad());
+      with_grads_of_random_loss(out, 51, {q, k, g});
       return out;
     };
     const auto pair = run(true), two = run(false);
@@ -614,11 +621,7 @@ TEST(CudaOps, FusedVectorScoresInPartsMatchPartCalls) {
             out.push_back(sum(&S::Akk)), out.push_back(ek.reshape({B, H * m, ek.size(3), 64}));
           }
         }
-        torch::manual_seed(61);
-        auto loss = torch::zeros({}, opts);
-        for (const auto& o : out) loss = loss + (o.to(torch::kFloat) * torch::randn(o.sizes(), opts)).sum();
-        loss.backward();
-        out.push_back(q.grad()), out.push_back(k.grad()), out.push_back(g.grad());
+        with_grads_of_random_loss(out, 61, {q, k, g});
         return out;
       };
       const auto whole = run(true), parts = run(false);

@@ -443,25 +443,13 @@ VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const
   out.dA = per_value_head(A);
   out.da = per_value_head(a);
   if (want_d_initial) out.d_initial = torch::empty({p.B, p.H, p.K, kV}, a.options());
-  auto add_up_parts = [&] {
-    if (p.parts == 1) return;
-    auto added = [&](const torch::Tensor& x) {  // [B, Hk parts, ...] -> [B, Hk, ...]
-      auto shape = x.sizes().vec(), split = shape;
-      shape[1] = p.key_heads();
-      split[1] = p.parts;
-      split.insert(split.begin() + 1, p.key_heads());
-      const auto parts = x.view(split);
-      // Two parts (V = 128) as one element-wise add, which reads both at full speed where libtorch's
-      // reduction over a middle dimension of 2 does not; the same fp32 sum, rounded once.
-      if (p.parts == 2) return (parts.select(2, 0) + parts.select(2, 1)).view(shape);
-      return parts.sum(2).view(shape);
-    };
-    out.dqd = added(out.dqd), out.dkd = added(out.dkd), out.dA = added(out.dA), out.da = added(out.da);
-    if (Delta) out.dw = added(out.dw);
+  auto add_up_key_grads = [&] {
+    for (auto* x : {&out.dqd, &out.dkd, &out.dA, &out.da, &out.dw})
+      if (x->defined()) *x = add_up_parts(*x, p.parts);
   };
   if (p.N == 0 || p.BH() == 0) {
     if (want_d_initial) out.d_initial.copy_(d_final.defined() ? d_final : torch::zeros_like(out.d_initial));
-    add_up_parts();
+    add_up_key_grads();
     return out;
   }
   dispatch_16bit(qd.scalar_type(), [&](auto elem) {
@@ -477,7 +465,7 @@ VectorWalkGrads walk_backward(const WalkShape& p, const torch::Tensor& qd, const
              static_cast<int>(p.parts));
     });
   });
-  add_up_parts();
+  add_up_key_grads();
   return out;
 }
 

@@ -644,12 +644,7 @@ UtGrads ut_backward(const UtShape& p, const torch::Tensor& k, const torch::Tenso
              Given ? data_as<E>(out.d_scores) : nullptr, out.dbeta.data_ptr<float>(), out_or_null(out.dg), p);
     });
   }
-  if (Given && p.parts > 1) {  // the parts' gradients of their shared scores added up
-    auto parts = out.d_scores.view({p.B, p.H / p.parts, p.parts, p.N, kC, kC});
-    // Two parts as one element-wise add (libtorch's reduction over a middle dimension of 2 reads slowly);
-    // the same fp32 sum, rounded once.
-    out.d_scores = p.parts == 2 ? parts.select(2, 0) + parts.select(2, 1) : parts.sum(2);
-  }
+  if (Given) out.d_scores = add_up_parts(out.d_scores, p.parts);  // the parts' gradients of their shared scores
   return out;
 }
 
