@@ -138,15 +138,18 @@ TEST(EvalTasks, EncodePairMovesTrailingSpacesToTheContinuation) {
   EXPECT_EQ(a.context.front(), 1);
 }
 
-TEST(EvalTasks, AccNormDividesByChoiceBytes) {
-  // "éé" is 4 bytes (2 characters): the normalisation uses bytes.
-  const auto path = tmp_file("mc.jsonl", "{\"query\": \"q\", \"choices\": [\"ab\", \"\xc3\xa9\xc3\xa9\"], \"gold\": 1}\n");
+TEST(EvalTasks, AccNormDividesByChoiceCharacters) {
+  // "éé" is 4 bytes but 2 characters: lm-eval's acc_norm divides by len(str), the characters.
+  const auto path = tmp_file("mc.jsonl", "{\"query\": \"q\", \"choices\": [\"ab\", \"\xc3\xa9\xc3\xa9\", \"abcdef\"], "
+                                         "\"gold\": 2}\n");
   const TaskData t = load_multiple_choice_jsonl("openbookqa", path, -1);
   ASSERT_EQ(t.items.size(), 1u);
-  EXPECT_EQ(t.items[0].norm_bytes, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(t.items[0].norm_chars, (std::vector<int64_t>{2, 2, 6}));
   EXPECT_EQ(t.items[0].options[1].continuation, " \xc3\xa9\xc3\xa9");
-  std::vector<std::vector<ContinuationScore>> s = {{{-2.0, false, 1}, {-3.0, false, 1}}};
-  const TaskResult r = multiple_choice_metrics(t, s);  // acc: -2 > -3; acc_norm: -1.0 < -0.75
+  // acc: -2.2 is the largest; per character -1.1, -1.5, -0.9 picks the gold choice (per byte it would be
+  // -1.1, -0.75, -0.9: the second).
+  std::vector<std::vector<ContinuationScore>> s = {{{-2.2, false, 1}, {-3.0, false, 1}, {-5.4, false, 1}}};
+  const TaskResult r = multiple_choice_metrics(t, s);
   EXPECT_EQ(r.acc, 0.0);
   EXPECT_EQ(r.acc_norm, 1.0);
   EXPECT_EQ(r.metric, "acc_norm");

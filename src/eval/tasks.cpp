@@ -14,6 +14,7 @@
 
 #include "io/atomic_file.h"
 #include "io/error.h"
+#include "io/utf8.h"
 #include "io/jsonl.h"
 
 namespace linearize {
@@ -60,7 +61,7 @@ TaskItem choice_item(const std::string& context, const std::vector<std::string>&
   item.gold = gold;
   for (const auto& c : choices) {
     item.options.push_back({context, " " + c});
-    item.norm_bytes.push_back(static_cast<int64_t>(c.size()));
+    item.norm_chars.push_back(static_cast<int64_t>(utf8::codepoint_count(c)));
   }
   return item;
 }
@@ -104,7 +105,7 @@ TaskData load_winogrande_jsonl(const std::string& path, int64_t limit) {
     item.gold = gold_index(j, contexts.size(), path, line);
     for (const auto& c : contexts) {
       item.options.push_back({c, " " + continuation});
-      item.norm_bytes.push_back(static_cast<int64_t>(continuation.size()));
+      item.norm_chars.push_back(static_cast<int64_t>(utf8::codepoint_count(continuation)));
     }
     t.items.push_back(std::move(item));
   });
@@ -122,7 +123,7 @@ TaskData load_lambada_jsonl(const std::string& path, int64_t limit) {
     const std::string continuation = jsonl_string(j, "continuation", path, line);
     TaskItem item;
     item.options.push_back({context, " " + continuation});
-    item.norm_bytes.push_back(static_cast<int64_t>(continuation.size()));
+    item.norm_chars.push_back(static_cast<int64_t>(utf8::codepoint_count(continuation)));
     t.items.push_back(std::move(item));
   });
   return t;
@@ -402,7 +403,7 @@ TaskResult multiple_choice_metrics(const TaskData& task, const std::vector<std::
     std::vector<double> ll, ll_norm;
     for (size_t j = 0; j < item.options.size(); ++j) {
       ll.push_back(scores[i][j].loglik);
-      ll_norm.push_back(scores[i][j].loglik / std::max<int64_t>(1, item.norm_bytes[j]));
+      ll_norm.push_back(scores[i][j].loglik / std::max<int64_t>(1, item.norm_chars[j]));
     }
     hits += argmax_index(ll) == item.gold;
     hits_norm += argmax_index(ll_norm) == item.gold;

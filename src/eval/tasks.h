@@ -3,8 +3,8 @@
 //
 //   multiple choice (ARC-Easy, ARC-Challenge, PIQA, OpenBookQA, HellaSwag): every choice is scored as a
 //     continuation of the same context by its summed log-likelihood; acc = argmax is gold, acc_norm =
-//     argmax of loglik / byte length of the choice text (the choice without the " " delimiter, as
-//     lm-eval divides by len(choice)).
+//     argmax of loglik / length in characters of the choice text (the choice without the " " delimiter,
+//     as lm-eval divides by Python's len(choice)).
 //   WinoGrande (partial scoring): each option makes its own context; the shared continuation after it is
 //     scored; acc_norm equals acc (the continuation is the same for every option).
 //   LAMBADA: acc = greedy decoding reproduces every continuation token; ppl = exp(-mean over documents
@@ -54,7 +54,7 @@ struct TextPair {
 struct TaskItem {
   std::vector<TextPair> options;    // one per choice; LAMBADA has exactly one
   int64_t gold = 0;                 // index of the right option (0 for LAMBADA)
-  std::vector<int64_t> norm_bytes;  // per option: byte length used by acc_norm
+  std::vector<int64_t> norm_chars;  // per option: length in characters used by acc_norm (lm-eval)
 };
 
 enum class TaskKind { MultipleChoice, Lambada };

@@ -101,4 +101,10 @@ void append_codepoint(std::string& out, uint32_t cp) {
   }
 }
 
+size_t codepoint_count(const std::string& s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;  // every byte but a continuation byte starts one
+  return n;
+}
+
 }  // namespace linearize::utf8

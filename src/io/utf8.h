@@ -25,6 +25,9 @@ bool is_valid(const std::string& s);
 // is a valid but incomplete prefix of a character (which more bytes could still complete).
 size_t complete_prefix_length(const std::string& s);
 
+// Number of characters (code points) of valid UTF-8 text, as Python's len(str) counts them.
+size_t codepoint_count(const std::string& s);
+
 // Appends the UTF-8 encoding of codepoint cp.
 void append_codepoint(std::string& out, uint32_t cp);
 
