@@ -1,12 +1,14 @@
 // Evaluation layer tests: the batched continuation scorer against one plain forward per sequence,
-// multiple-choice metrics (acc, byte-normalised acc_norm), WinoGrande partial scoring, LAMBADA's greedy
-// match, HellaSwag text cleanup, task file errors with FILE:LINE, NIAH prompt construction (length,
-// needle depth), recovery arithmetic, and the report's Markdown and SVG output.
+// multiple-choice metrics (acc, acc_norm per character), WinoGrande partial scoring, LAMBADA's greedy
+// match, HellaSwag text cleanup, task file errors with FILE:LINE, NIAH against RULER's text (prompts,
+// filling, depths, scoring), recovery arithmetic, and the report's Markdown and SVG output.
 // Tests that need ../shared skip with a message when it is absent. No test runs more than a few
 // hundred forward passes of a tiny model.
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
+#include <sstream>
 
 #include "eval/niah.h"
 #include "eval/recovery.h"
@@ -273,80 +275,176 @@ TEST(EvalTasks, MalformedLinesNameFileAndLine) {
 
 // ---- NIAH ----
 
-TEST(EvalNiah, PromptFitsTheLengthAndPlacesTheNeedle) {
+namespace {
+
+std::string prose(size_t bytes) {
+  std::ifstream in(test::data_dir() + "/corpus/austen_emma.txt");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.substr(0, bytes);
+}
+
+}  // namespace
+
+// RULER's template with its single-needle rewrite (scripts/data/synthetic/niah.py), byte for byte.
+TEST(EvalNiah, RulerTextByteForByte) {
+  EXPECT_EQ(niah_prompt(false, "CTX", "amber-badger"),
+            "A special magic number is hidden within the following text. Make sure to memorize it. I will quiz you "
+            "about the number afterwards.\nCTX\nWhat is the special magic number for amber-badger mentioned in the "
+            "provided text?");
+  EXPECT_EQ(niah_answer_prefix(false, "amber-badger"),
+            " The special magic number for amber-badger mentioned in the provided text is");
+  EXPECT_EQ(niah_answer_prefix(true, "k"), " The special magic uuid for k mentioned in the provided text is");
+  // Several answers keep RULER's plural template.
+  EXPECT_EQ(niah_prompt(true, "C", "k", /*single=*/false),
+            "Some special magic uuids are hidden within the following text. Make sure to memorize it. I will quiz "
+            "you about the uuids afterwards.\nC\nWhat are all the special magic uuids for k mentioned in the provided "
+            "text?");
+  EXPECT_EQ(niah_answer_prefix(false, "k", false), " The special magic numbers for k mentioned in the provided text are");
+  // The needle keeps the plural in every task.
+  EXPECT_EQ(niah_needle(false, "k", "1234567"), "One of the special magic numbers for k is: 1234567.");
+  EXPECT_EQ(niah_needle(true, "k", "v"), "One of the special magic uuids for k is: v.");
+  EXPECT_EQ(niah_noise_paragraph(), "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.");
+  // np.round(np.linspace(0, 100, 40)): halves to even, e.g. 100 * 20 / 39 = 51.28 -> 51.
+  const auto& d = niah_depths_percent();
+  ASSERT_EQ(d.size(), 40u);
+  EXPECT_EQ((std::vector<int>(d.begin(), d.begin() + 6)), (std::vector<int>{0, 3, 5, 8, 10, 13}));
+  EXPECT_EQ(d[20], 51);
+  EXPECT_EQ(d[39], 100);
+}
+
+TEST(EvalNiah, KeysValuesAndScoring) {
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 200; ++i) {
+    const auto n = niah_random_number(rng);
+    ASSERT_EQ(n.size(), 7u);
+    ASSERT_NE(n[0], '0');
+    ASSERT_TRUE(std::regex_match(niah_random_uuid(rng),
+                                 std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+    ASSERT_TRUE(std::regex_match(niah_random_key(rng, niah_key_adjectives(), niah_key_nouns()),
+                                 std::regex("[a-z]+-[a-z]+")));
+  }
+  // string_match_all: a case-insensitive substring of the post-processed output.
+  EXPECT_TRUE(niah_match(" 1234567.", "1234567"));
+  EXPECT_FALSE(niah_match(" 123456", "1234567"));
+  EXPECT_TRUE(niah_match("The UUID is ABCDEF12-0000", "abcdef12-0000"));
+  EXPECT_EQ(niah_postprocess("  a\tb\x01" "c \n"), "a\nb\nc");
+  EXPECT_FALSE(niah_match("anything", ""));
+  EXPECT_THROW(niah_uses_uuid("s_niah_9"), Error);
+  EXPECT_EQ(split_sentences("One.  Two!\nThree? \"Four.\" Five"),
+            (std::vector<std::string>{"One.", "Two!", "Three?", "\"Four.\"", "Five"}));
+  EXPECT_EQ(largest_fitting(1000, [](int64_t n) { return n * n <= 1000; }), 31);
+  EXPECT_EQ(largest_fitting(20, [](int64_t n) { return n <= 64; }), 20);
+  EXPECT_EQ(largest_fitting(20, [](int64_t n) { return n == 0; }), 0);
+}
+
+// S-NIAH-1: paragraphs of noise on lines of their own, the needle one more line, as many paragraphs as
+// fit (one more would not), the same sample from the same seed.
+TEST(EvalNiah, NoisePromptFillsTheLength) {
   const std::string folder = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(folder);
   auto tok = load_tokenizer(folder);
-  const auto hay = noise_sentences();
-  for (int64_t length : {384, 512}) {
-    for (double depth : niah_depths(5)) {
-      std::mt19937_64 rng(7);
-      const auto s = make_niah_sample(*tok, {1}, "s_niah_1", hay, length, depth, rng);
-      const int64_t budget = length - niah_max_new_tokens("s_niah_1");
-      EXPECT_LE(static_cast<int64_t>(s.ids.size()), budget);
-      EXPECT_GE(static_cast<int64_t>(s.ids.size()), budget - 12) << "length " << length << " depth " << depth;
-      EXPECT_EQ(static_cast<int64_t>(tok->encode(s.text, false).size()) + 1, static_cast<int64_t>(s.ids.size()));
-      // The needle is in the prompt once, after exactly needle_position haystack sentences.
-      const size_t at = s.text.find(s.needle);
-      ASSERT_NE(at, std::string::npos);
-      EXPECT_EQ(s.text.find(s.needle, at + 1), std::string::npos);
-      const std::string before = s.text.substr(0, at);
-      int64_t sentences_before = 0;
-      for (const auto& h : hay)
-        for (size_t p = 0; (p = before.find(h, p)) != std::string::npos; p += h.size()) ++sentences_before;
-      EXPECT_EQ(sentences_before, s.needle_position);
-      EXPECT_LE(std::fabs(static_cast<double>(sentences_before) / s.sentences - depth), 1.0 / s.sentences + 1e-9);
+  const auto encode = plain_prompt_encoder(*tok, {1});
+  const auto hay = noise_haystack();
+  std::vector<double> depths;
+  for (int64_t length : {384, 768}) {
+    for (int k = 0; k < 12; ++k) {
+      std::mt19937_64 rng(k), again(k);
+      const auto s = make_niah_sample(hay, false, length, 32, encode, rng);
+      EXPECT_EQ(make_niah_sample(hay, false, length, 32, encode, again).ids, s.ids);
+      EXPECT_LE(static_cast<int64_t>(s.ids.size()) + 32, length);
+      const auto more = encode(niah_prompt(false, niah_context(hay, s.units + 1, {{s.depth, s.needle}}), s.key),
+                               s.answer_prefix);
+      EXPECT_GT(static_cast<int64_t>(more.size()) + 32, length) << "one more paragraph would still fit";
+      EXPECT_EQ(s.ids, encode(s.question, s.answer_prefix));
+      // Lines: the template's first line, then the paragraphs and the needle, then the question.
+      std::vector<std::string> lines;
+      std::stringstream in(s.question);
+      for (std::string line; std::getline(in, line);) lines.push_back(line);
+      ASSERT_EQ(static_cast<int64_t>(lines.size()), s.units + 3);
+      int64_t needle_line = -1;
+      for (int64_t i = 1; i + 1 < static_cast<int64_t>(lines.size()); ++i) {
+        if (lines[i] == s.needle) needle_line = i - 1;
+        else EXPECT_EQ(lines[i], niah_noise_paragraph());
+      }
+      ASSERT_GE(needle_line, 0);
+      EXPECT_EQ(needle_line, static_cast<int64_t>(s.depth * s.units));  // before paragraph floor(depth * units)
+      EXPECT_EQ(lines.back(), "What is the special magic number for " + s.key + " mentioned in the provided text?");
       EXPECT_EQ(s.value.size(), 7u);
-      EXPECT_NE(s.text.find("What is the special magic number for " + s.key), std::string::npos);
-      EXPECT_TRUE(s.text.size() > 20 && s.text.compare(s.text.size() - 33, 33, "mentioned in the provided text is") == 0);
+      depths.push_back(s.depth);
     }
+  }
+  // Random depths cover the haystack.
+  EXPECT_LT(*std::min_element(depths.begin(), depths.end()), 0.25);
+  EXPECT_GT(*std::max_element(depths.begin(), depths.end()), 0.75);
+}
+
+// S-NIAH-3: the essay's first words, the needle between two of its sentences at one of RULER's depths.
+TEST(EvalNiah, UuidNeedleBetweenSentencesOfProse) {
+  const std::string folder = test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(folder);
+  LINEARIZE_REQUIRE_PATH(test::data_dir() + "/corpus/austen_emma.txt");
+  auto tok = load_tokenizer(folder);
+  const auto hay = essay_haystack(prose(60000), "emma");
+  for (int k = 0; k < 6; ++k) {
+    std::mt19937_64 rng(k);
+    const auto s = make_niah_sample(hay, true, 512, 128, plain_prompt_encoder(*tok, {1}), rng);
+    EXPECT_TRUE(std::regex_match(s.value, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+    EXPECT_LE(static_cast<int64_t>(s.ids.size()), 512 - 128);
+    EXPECT_GE(static_cast<int64_t>(s.ids.size()), 512 - 128 - 8);  // cut by words: within a few tokens
+    const int pct = static_cast<int>(std::lround(100 * s.depth));
+    EXPECT_NE(std::find(niah_depths_percent().begin(), niah_depths_percent().end(), pct), niah_depths_percent().end());
+    const size_t head = s.question.find('\n') + 1;
+    const std::string context = s.question.substr(head, s.question.rfind('\n') - head);
+    const size_t at = context.find(s.needle);
+    ASSERT_NE(at, std::string::npos);
+    // The context is the first `units` words with the needle put in whole between sentences.
+    std::string without = context;
+    without.erase(at, s.needle.size() + (at + s.needle.size() < context.size() ? 1 : 0));
+    if (!without.empty() && without.back() == ' ') without.pop_back();
+    std::string words;
+    for (int64_t i = 0; i < s.units; ++i) words += (i ? " " : "") + hay.words[i];
+    EXPECT_EQ(without, words);
+    const auto sentences = split_sentences(words);
+    EXPECT_EQ(split_sentences(context.substr(0, at)).size(), static_cast<size_t>(s.depth * sentences.size()));
   }
 }
 
-TEST(EvalNiah, UuidTaskOnProse) {
-  const std::string folder = test::data_dir() + "/models/stories260K";
-  const std::string emma = test::data_dir() + "/corpus/austen_emma.txt";
-  LINEARIZE_REQUIRE_PATH(folder);
-  LINEARIZE_REQUIRE_PATH(emma);
-  auto tok = load_tokenizer(folder);
-  std::ifstream in(emma);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const auto hay = split_sentences(text.substr(0, 60000));
-  ASSERT_GT(hay.size(), 100u);
-  std::mt19937_64 rng(3);
-  const auto s = make_niah_sample(*tok, {1}, "s_niah_3", hay, 512, 0.5, rng);
-  EXPECT_TRUE(std::regex_match(s.value, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
-  EXPECT_NE(s.text.find("special magic uuid for " + s.key), std::string::npos);
-  EXPECT_LE(static_cast<int64_t>(s.ids.size()), 512 - 30);
-  EXPECT_GE(static_cast<int64_t>(s.ids.size()), 512 - 30 - 200);  // whole sentences of prose, some long
-  EXPECT_EQ(s.needle_position, std::llround(0.5 * s.sentences));
-}
-
-TEST(EvalNiah, SentencesDepthsAndMatching) {
-  EXPECT_EQ(split_sentences("One.  Two!\nThree? \"Four.\" Five"),
-            (std::vector<std::string>{"One.", "Two!", "Three?", "\"Four.\"", "Five"}));
-  EXPECT_EQ(niah_depths(5), (std::vector<double>{0, 0.25, 0.5, 0.75, 1}));
-  EXPECT_EQ(niah_depths(1), (std::vector<double>{0.5}));
-  EXPECT_TRUE(niah_match(" 1234567.", "1234567"));
-  EXPECT_FALSE(niah_match(" 123456", "1234567"));
-  EXPECT_THROW(niah_uses_uuid("s_niah_9"), Error);
-}
-
-TEST(EvalNiah, RunsThroughGenerate) {
+// The loop end to end on a real tiny model: the dump holds every sample, each scored as niah_match
+// scores it, and the accuracy is their mean.
+TEST(EvalNiah, RunDumpsEverySampleAndScoresIt) {
   const std::string folder = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(folder);
   auto model = load_model(folder);
   auto tok = load_tokenizer(folder);
   NiahOptions o;
-  o.lengths = {320};
-  o.depths = 2;
-  o.samples = 2;
-  const auto r = run_niah(model, *tok, o);
-  ASSERT_EQ(r["grid"].size(), 1u);
-  ASSERT_EQ(r["grid"][0].size(), 2u);
-  const double a = r["per_length"]["320"].get<double>();
-  EXPECT_GE(a, 0.0);
-  EXPECT_LE(a, 1.0);
+  o.lengths = {300, 420};
+  o.samples = 3;
+  o.max_new_tokens = 12;
+  o.dump = tmp_file("niah.jsonl", "");
+  const auto r = run_niah(model, *tok, o, niah_encoder(model, *tok, folder, false));
+  std::ifstream in(o.dump);
+  int rows = 0;
+  std::map<int64_t, int> right;
+  for (std::string line; std::getline(in, line); ++rows) {
+    const auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["correct"].get<bool>(), niah_match(j["output"], j["reference"])) << line;
+    EXPECT_LE(j["prompt_tokens"].get<int64_t>() + 12, j["length"].get<int64_t>());
+    EXPECT_NE(j["input"].get<std::string>().find(j["key"].get<std::string>()), std::string::npos);
+    right[j["length"].get<int64_t>()] += j["correct"].get<bool>();
+  }
+  EXPECT_EQ(rows, 6);
+  EXPECT_FALSE(fs::exists(o.dump + ".partial"));
+  for (int64_t len : o.lengths)
+    EXPECT_DOUBLE_EQ(r["per_length"][std::to_string(len)].get<double>(), right[len] / 3.0);
+  ASSERT_EQ(r["grid"].size(), 2u);
+  EXPECT_EQ(r["grid"][0].size(), 5u);
+  // --chat needs the chat tokens.
+  try {
+    niah_encoder(model, *tok, folder, true);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--chat"), std::string::npos) << e.what();
+  }
 }
 
 // ---- recovery ----

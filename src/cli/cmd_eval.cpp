@@ -93,11 +93,14 @@ std::vector<OptionSpec> task_options() {
 }
 
 std::vector<OptionSpec> niah_options(const std::string& lengths, const std::string& samples) {
-  return {{"lengths", "LIST", "prompt lengths in tokens (prompt + answer budget)", lengths},
-          {"depths", "N", "needle depths spread evenly over 0..100%", "5"},
-          {"samples", "N", "prompts per (length, depth)", samples},
-          {"haystack", "FILE", "prose for s_niah_2/3", default_shared("corpus/austen_emma.txt")},
-          {"seed", "S", "seed of keys and values", "0"}};
+  return {{"lengths", "LIST", "prompt lengths in tokens (prompt + generation budget)", lengths},
+          {"samples", "N", "prompts per length (RULER's own runs: 500)", samples},
+          {"max-new-tokens", "N", "generation budget per prompt (RULER: 128)", "128"},
+          {"no-newline-stop", "", "generate the whole budget instead of stopping at the first newline"},
+          {"chat", "", "ask through the model folder's chat template (chat models)"},
+          {"haystack", "FILE", "prose for s_niah_2/3 (RULER uses Paul Graham's essays)",
+           default_shared("corpus/austen_emma.txt")},
+          {"seed", "S", "seed of keys, values and needle depths", "0"}};
 }
 
 nlohmann::json run_tasks(CausalLM& model, const Tokenizer& tok, const std::string& folder, const Args& args) {
@@ -119,15 +122,18 @@ NiahOptions niah_settings(const Args& args, const std::string& task) {
   NiahOptions o;
   o.task = task;
   o.lengths = args.int_list("lengths");
-  o.depths = args.integer("depths");
   o.samples = args.integer("samples");
+  o.max_new_tokens = args.integer("max-new-tokens");
+  o.stop_at_newline = !args.flag("no-newline-stop");
+  o.chat = args.flag("chat");
   o.haystack_file = args.str("haystack");
   o.seed = static_cast<uint64_t>(args.integer("seed"));
   return o;
 }
 
-nlohmann::json run_niah_cli(CausalLM& model, const Tokenizer& tok, const NiahOptions& o) {
-  return run_niah(model, tok, o, [&](int64_t d, int64_t t) { progress_line(o.task + ": prompts", d, t); });
+nlohmann::json run_niah_cli(EvalModel& m, const std::string& folder, const NiahOptions& o) {
+  const auto encode = niah_encoder(m.model, *m.tokenizer, folder, o.chat);
+  return run_niah(m.model, *m.tokenizer, o, encode, [&](int64_t d, int64_t t) { progress_line(o.task + ": prompts", d, t); });
 }
 
 void print_tasks(const nlohmann::json& r) {
@@ -149,15 +155,11 @@ void print_tasks(const nlohmann::json& r) {
 }
 
 void print_niah(const nlohmann::json& r) {
-  const auto& depths = r["depths"];
-  std::printf("%s  accuracy by length (rows) and depth (columns)\n%8s", r["task"].get<std::string>().c_str(), "");
-  for (const auto& d : depths) std::printf(" %6.0f%%", 100 * d.get<double>());
-  std::printf("    mean\n");
-  for (size_t i = 0; i < r["lengths"].size(); ++i) {
-    const auto len = r["lengths"][i].get<int64_t>();
-    std::printf("%8lld", static_cast<long long>(len));
-    for (const auto& a : r["grid"][i]) std::printf(" %6.1f%%", 100 * a.get<double>());
-    std::printf("  %6.1f%%\n", 100 * r["per_length"][std::to_string(len)].get<double>());
+  std::printf("%s  accuracy by length (%lld samples each, needle depths drawn at random)\n",
+              r["task"].get<std::string>().c_str(), static_cast<long long>(r["samples"].get<int64_t>()));
+  for (const auto& len : r["lengths"]) {
+    const auto key = std::to_string(len.get<int64_t>());
+    std::printf("%8s  %6.1f%%\n", key.c_str(), 100 * r["per_length"][key].get<double>());
   }
   std::printf("average %.1f%%\n", 100 * r["average"].get<double>());
 }
@@ -180,19 +182,23 @@ int eval_tasks(const std::vector<std::string>& argv) {
 
 int eval_niah(const std::vector<std::string>& argv) {
   CommandSpec spec{"eval niah",
-                   "RULER single-needle retrieval (see src/eval/niah.h): greedy decoding, exact match of\n"
-                   "the needle's value, accuracy per length and depth.",
+                   "RULER single-needle retrieval (see src/eval/niah.h): RULER's prompts filled to each length\n"
+                   "in the model's tokens, the needle at a random depth, greedy decoding, the sample right when\n"
+                   "the needle's value occurs in the output (case-insensitive); accuracy per length.",
                    "", "",
                    {{"model", "DIR", "model folder", "", true},
                     {"task", "NAME", "s_niah_1 (noise), s_niah_2 (prose, number), s_niah_3 (prose, UUID)", "s_niah_1"}},
                    0, 0};
-  for (auto& o : niah_options("512,1024,2048,4096", "10")) spec.options.push_back(o);
+  for (auto& o : niah_options("512,1024,2048,4096", "20")) spec.options.push_back(o);
+  spec.options.push_back({"dump", "FILE", "write every prompt, reference and output to FILE (jsonl)"});
   add_result_options(spec);
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   const std::string folder = args.str("model");
   auto m = load_eval_model(folder, args);
-  auto r = run_niah_cli(m.model, *m.tokenizer, niah_settings(args, args.str("task")));
+  auto settings = niah_settings(args, args.str("task"));
+  if (args.has("dump")) settings.dump = args.str("dump");
+  auto r = run_niah_cli(m, folder, settings);
   r["model"] = folder;
   emit(r, args, [&] { print_niah(r); });
   return 0;
@@ -206,7 +212,7 @@ nlohmann::json evaluate_all(const std::string& folder, const Args& args, const s
   r["role"] = role;
   r["niah"] = nlohmann::json::object();
   for (const auto& task : args.str_list("niah-tasks"))
-    r["niah"][task] = run_niah_cli(m.model, *m.tokenizer, niah_settings(args, task));
+    r["niah"][task] = run_niah_cli(m, folder, niah_settings(args, task));
   return r;
 }
 
@@ -226,7 +232,7 @@ int eval_all(const std::vector<std::string>& argv) {
                     {"niah-tasks", "LIST", "NIAH tasks", "s_niah_1"}},
                    0, 0};
   for (auto& o : task_options()) spec.options.push_back(o);
-  for (auto& o : niah_options("512,1024", "5")) spec.options.push_back(o);
+  for (auto& o : niah_options("512,1024", "10")) spec.options.push_back(o);
   spec.options.push_back(device_option());
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -149,7 +150,10 @@ Heatmap niah_heatmap(const ReportInput& in, const std::string& task) {
     std::snprintf(b, sizeof b, "%.0f%%", 100 * depths[d].get<double>());
     h.row_labels.push_back(b);
     std::vector<double> row;
-    for (size_t l = 0; l < n["lengths"].size(); ++l) row.push_back(n["grid"][l][d].get<double>());
+    for (size_t l = 0; l < n["lengths"].size(); ++l) {
+      const auto& cell = n["grid"][l][d];  // null: no needle fell in this depth bin
+      row.push_back(cell.is_number() ? cell.get<double>() : std::nan(""));
+    }
     h.values.push_back(row);
   }
   return h;
@@ -239,8 +243,8 @@ std::string markdown_report(const std::vector<ReportInput>& inputs, const std::v
   o << "\n\n";
   if (!task_columns(inputs).empty()) o << "## Zero-shot tasks\n\n" << tasks_table(inputs) << "\n";
   for (const auto& task : niah_tasks(inputs))
-    o << "## Needle in a haystack: " << task << "\n\nExact-match accuracy (%) per context length, mean over "
-      << "depths.\n\n" << niah_table(inputs, task) << "\n";
+    o << "## Needle in a haystack: " << task << "\n\nAccuracy (%) per context length: the needle's value found in "
+      << "the greedy output (RULER's string match), needles at random depths.\n\n" << niah_table(inputs, task) << "\n";
   if (!figures.empty()) {
     o << "## Figures\n\n";
     for (const auto& f : figures) o << "![" << f << "](" << f << ")\n\n";

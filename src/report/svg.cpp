@@ -101,10 +101,12 @@ std::string svg_heatmap(const Heatmap& h) {
     if (r < h.row_labels.size()) o << text(left - 8, y + cell_h / 2 + 4, h.row_labels[r], "text-anchor=\"end\"");
     for (size_t c = 0; c < h.values[r].size(); ++c) {
       const double x = left + c * cell_w, v = h.values[r][c];
+      const bool empty = !std::isfinite(v);  // no sample in this cell
       o << "<rect class=\"cell\" x=\"" << num(x) << "\" y=\"" << num(y) << "\" width=\"" << num(cell_w)
-        << "\" height=\"" << num(cell_h) << "\" fill=\"" << accuracy_colour(v)
+        << "\" height=\"" << num(cell_h) << "\" fill=\"" << (empty ? "#e0e0e0" : accuracy_colour(v))
         << "\" stroke=\"white\" stroke-width=\"1\"/>\n";
-      o << text(x + cell_w / 2, y + cell_h / 2 + 4, fmt("%.0f%%", 100 * v), "text-anchor=\"middle\" font-size=\"11\"");
+      o << text(x + cell_w / 2, y + cell_h / 2 + 4, empty ? "-" : fmt("%.0f%%", 100 * v),
+                "text-anchor=\"middle\" font-size=\"11\"");
     }
   }
   const double base = top + rows * cell_h;
