@@ -6,7 +6,9 @@
 //      forward (fp32, rel <= 1e-4);
 //  (c) init from a GQA teacher (6 heads, 2 KV heads, head_dim 8): q/o copied exactly, k/v rows repeated
 //      per KV head for mixers without native GQA, copied as is for those with it; identity convs;
-//  (d) config errors: unknown key, unknown kind, unknown preset; JSON round trip.
+//  (d) fla's options against their formulas: GVA value heads, DPFP, the normalised linear attention,
+//      KDA's bounded gate, and config overrides;
+//  (e) config errors: unknown key, unknown kind, unknown preset; JSON round trip.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -18,8 +20,10 @@
 #include "io/error.h"
 #include "io/safetensors.h"
 #include "model/mixers/factory.h"
+#include "model/mixers/linear_attention.h"
 #include "model/mixers/mixer_config.h"
 #include "model/mixers/mlstm.h"
+#include "ops/ops.h"
 #include "test_util.h"
 
 namespace linearize {
@@ -137,6 +141,20 @@ std::vector<std::pair<std::string, MixerConfig>> small_cases() {
   add("gla_conv", "gla", [](MixerConfig& c) { c.use_short_conv = true; });
   add("deltanet_gate", "deltanet", [](MixerConfig& c) { c.use_output_gate = true; });
   add("kda_add_in_norm", "kda", [](MixerConfig& c) { c.kda_gate_mode = "add_in_norm"; });
+  // Options of fla's layers and of the study's students.
+  add("linear_attention_conv_no_norm", "linear_attention", [](MixerConfig& c) { c.use_short_conv = true, c.use_output_norm = false; });
+  add("linear_attention_dpfp_sum_norms", "linear_attention", [](MixerConfig& c) {
+    c.feature_map = "dpfp", c.norm_q = true, c.norm_k = true;
+  });
+  add("linear_attention_feature_map_norm_gqa", "linear_attention", [](MixerConfig& c) {
+    c.feature_map = "elu", c.feature_map_norm = true, c.num_kv_heads = 2;
+  });
+  add("gated_deltanet_gva", "gated_deltanet", [](MixerConfig& c) { c.num_heads = 2, c.num_v_heads = 4, c.head_k_dim = c.head_v_dim = 8; });
+  add("kda_gva_full_rank_gate", "kda", [](MixerConfig& c) {
+    c.num_heads = 2, c.num_v_heads = 4, c.head_k_dim = c.head_v_dim = 8, c.kda_gate_low_rank = false;
+  });
+  add("kda_lower_bound", "kda", [](MixerConfig& c) { c.lower_bound = -3; });
+  add("kda_safe_gate", "kda", [](MixerConfig& c) { c.lower_bound = -5, c.safe_gate = true, c.dt_bias_init = "zeros"; });
   return out;
 }
 
@@ -308,14 +326,27 @@ TEST(MixerInit, PaperPresetRepeatsKvIntoFlaHeadCounts) {
     auto expanded = teacher.k_proj->weight.view({2, 1, 8, 48}).expand({2, 3, 8, 48}).reshape({48, 48});
     EXPECT_TRUE(torch::equal(k, expanded)) << kind;
   }
-  EXPECT_EQ(mixer_preset("kda", "paper", tc).kda_gate_mode, "add_in_norm");
+  // The study's students (paper), its defects left out: KDA's gate multiplies, full rank with bias, dt_bias 0;
+  // RetNet's rotary at fla's base; linear attention with short convs and no output norm.
+  const auto kda = mixer_preset("kda", "paper", tc);
+  EXPECT_EQ(kda.kda_gate_mode, "multiply");
+  EXPECT_FALSE(kda.kda_gate_low_rank);
+  auto kda_params = make_mixer(kda)->named_parameters();
+  ASSERT_NE(kda_params.find("g_proj.weight"), nullptr);
+  EXPECT_EQ(kda_params["g_proj.weight"].sizes(), (std::vector<int64_t>{kda.value_dim(), kda.hidden_size}));
+  EXPECT_NE(kda_params.find("g_proj.bias"), nullptr);
+  EXPECT_EQ(kda_params["dt_bias"].abs().sum().item<double>(), 0.0);
   EXPECT_EQ(mixer_preset("kda", "default", tc).kda_gate_mode, "multiply");
+  EXPECT_NE(make_mixer(mixer_preset("kda", "default", tc))->named_parameters().find("g_proj.0.weight"), nullptr);
   EXPECT_EQ(mixer_preset("retnet", "default", tc).rope_theta, 1e5);
+  EXPECT_EQ(mixer_preset("retnet", "paper", tc).rope_theta, 1e4);
+  const auto la = mixer_preset("linear_attention", "paper", tc);
+  EXPECT_TRUE(la.use_short_conv);
+  EXPECT_FALSE(la.use_output_norm);
+  EXPECT_FALSE(mixer_preset("linear_attention", "default", tc).use_short_conv);
   EXPECT_EQ(mixer_preset("gla", "default", tc).kv_heads(), 2);
   EXPECT_EQ(mixer_preset("deltanet", "default", tc).kv_heads(), 6);
 }
-
-// ---- (d) config errors -----------------------------------------------------------------------------
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -325,6 +356,120 @@ std::string error_of(const std::function<void()>& f) {
   }
   return "";
 }
+
+// ---- (d) fla's options against their formulas ------------------------------------------------------------
+
+// GVA: value head i reads q/k head i / (HV / H). The same layer with H = HV heads whose q/k projections
+// and convolutions repeat each of the H heads HV / H times in a row gives the same output.
+TEST(MixerOptions, ValueHeadsShareKeyHeadsInGroups) {
+  torch::manual_seed(4);
+  for (const std::string kind : {"gated_deltanet", "kda"}) {
+    SCOPED_TRACE(kind);
+    auto gva = small_config(kind);
+    gva.num_heads = 2, gva.num_v_heads = 4, gva.head_k_dim = gva.head_v_dim = 8;
+    auto full = gva;
+    full.num_heads = 4, full.num_v_heads = 4;
+    auto a = make_mixer(gva), b = make_mixer(full);
+    perturb(*a);
+    torch::NoGradGuard no_grad;
+    auto pb = b->named_parameters();
+    for (const auto& item : a->named_parameters()) {
+      auto& dst = pb[item.key()];
+      const auto& src = item.value();
+      const bool qk = item.key().rfind("q_", 0) == 0 || item.key().rfind("k_", 0) == 0;
+      if (qk && dst.size(0) != src.size(0)) dst.copy_(repeat_kv_rows(src.flatten(1), 2, 2).view(dst.sizes()));
+      else dst.copy_(src);
+    }
+    auto x = torch::randn({2, 21, gva.hidden_size});
+    EXPECT_LE(rel_err(a->forward(x, nullptr), b->forward(x, nullptr)), 1e-5);
+  }
+  // Value heads must be a multiple of the key heads, and only these two mixers have them.
+  auto bad = small_config("gated_deltanet");
+  bad.num_v_heads = 6;
+  EXPECT_THROW(bad.resolved(), Error);
+  auto gla = small_config("gla");
+  gla.num_v_heads = 8;
+  EXPECT_THROW(gla.resolved(), Error);
+}
+
+// fla's DPFPFeatureMap (nu = 4): x' = [relu x, -relu x], features x'_i x'_{(i - j) mod 2D} for j = 1..4.
+TEST(MixerOptions, DpfpFeatureMapByItsDefinition) {
+  torch::manual_seed(6);
+  FeatureMap fm("dpfp", 5);
+  auto x = torch::randn({3, 5});
+  auto y = fm->forward(x);
+  ASSERT_EQ(y.sizes(), (std::vector<int64_t>{3, 40}));
+  EXPECT_EQ(fm->out_dim(), 40);
+  for (int64_t r = 0; r < 3; ++r) {
+    std::vector<double> xp(10);
+    for (int64_t i = 0; i < 5; ++i) {
+      const double v = std::max(0.0f, x[r][i].item<float>());
+      xp[i] = v, xp[i + 5] = -v;
+    }
+    for (int64_t j = 1; j <= 4; ++j)
+      for (int64_t i = 0; i < 10; ++i)
+        EXPECT_NEAR(y[r][(j - 1) * 10 + i].item<double>(), xp[i] * xp[(i - j + 10) % 10], 1e-6) << r << " " << j << " " << i;
+  }
+}
+
+// feature_map_norm: o_t = Σ_{u<=t} (q_t . k_u) v_u / Σ_{u<=t} q_t . k_u with φ = elu + 1 (the scale cancels);
+// o_proj is the identity and the output norm off, so the layer's output is o itself.
+TEST(MixerOptions, FeatureMapNormIsNormalisedAttention) {
+  torch::manual_seed(7);
+  auto c = small_config("linear_attention");
+  c.feature_map = "elu", c.feature_map_norm = true, c.use_output_norm = false;
+  auto m = make_mixer(c);
+  auto& la = dynamic_cast<LinearAttention&>(*m);
+  torch::NoGradGuard no_grad;
+  la.o_proj->weight.copy_(torch::eye(c.hidden_size));
+  const int64_t T = 19, H = c.num_heads, D = c.hidden_size / H;
+  auto x = torch::randn({1, T, c.hidden_size});
+  auto y = m->forward(x, nullptr).view({T, H, D});
+  auto q = torch::elu(la.q_proj(x)).add(1).view({T, H, D}), k = torch::elu(la.k_proj(x)).add(1).view({T, H, D});
+  auto v = la.v_proj(x).view({T, H, D});
+  for (int64_t h = 0; h < H; ++h) {
+    auto a = torch::mm(q.select(1, h), k.select(1, h).t()).tril();  // [T, T]
+    auto want = torch::mm(a, v.select(1, h)) / a.sum(1, true);
+    EXPECT_LE(rel_err(y.select(1, h), want), 1e-5) << "head " << h;
+  }
+}
+
+// fla's bounded KDA gate: g = lower_bound * sigmoid(e^{A_log} (f + dt_bias)) in [lower_bound, 0).
+TEST(MixerOptions, LowerBoundGate) {
+  torch::manual_seed(8);
+  auto f = torch::randn({2, 5, 12}) * 4, dt = torch::randn({12}), A_log = torch::randn({3});
+  auto g = ops::lower_bound_decay(f, dt, A_log, -2.5);
+  auto want = -2.5 * torch::sigmoid(A_log.exp().repeat_interleave(4) * (f + dt));
+  EXPECT_LE(rel_err(g, want), 1e-6);
+  EXPECT_GE(g.min().item<double>(), -2.5);
+  EXPECT_LT(g.max().item<double>(), 0.0);
+  auto c = small_config("kda");
+  c.safe_gate = true, c.lower_bound = -6;
+  EXPECT_THROW(c.resolved(), Error);  // safe_gate asks -5 <= lower_bound < 0
+  c.lower_bound = -5;
+  EXPECT_EQ(make_mixer(c)->named_parameters()["A_log"].abs().sum().item<double>(), 0.0);
+}
+
+// --mixer-config: any field overridden, head sizes re-derived from a new head count, errors named.
+TEST(MixerOptions, Overrides) {
+  const auto base = mixer_preset("gated_deltanet", "default", gqa_teacher_config());  // 6 heads of 8
+  auto c = base.with_overrides({{"num_heads", 4}, {"use_short_conv", false}});
+  EXPECT_EQ(c.num_heads, 4);
+  EXPECT_EQ(c.head_k_dim, 12);  // 48 / 4
+  EXPECT_EQ(c.num_v_heads, 4);
+  EXPECT_FALSE(c.use_short_conv);
+  EXPECT_EQ(base.with_overrides({{"num_heads", 4}, {"head_k_dim", 16}}).head_k_dim, 16);
+  auto msg = error_of([&] { base.with_overrides({{"num_head", 4}}); });
+  EXPECT_NE(msg.find("unknown key 'num_head'"), std::string::npos) << msg;
+  msg = error_of([&] { base.with_overrides({{"kind", "gla"}}); });
+  EXPECT_NE(msg.find("'kind'"), std::string::npos) << msg;
+  msg = error_of([&] { base.with_overrides({{"conv_size", "four"}}); });
+  EXPECT_NE(msg.find("'conv_size'"), std::string::npos) << msg;
+  msg = error_of([&] { base.with_overrides({{"norm_q", true}}); });
+  EXPECT_NE(msg.find("only available for linear_attention"), std::string::npos) << msg;
+}
+
+// ---- (e) config errors -----------------------------------------------------------------------------
 
 TEST(MixerConfigErrors, UnknownKeyKindPreset) {
   nlohmann::json j = {{"kind", "gla"}, {"hidden_size", 32}, {"num_heads", 4}, {"gate_lowrank_dim", 8}};

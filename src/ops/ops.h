@@ -107,6 +107,10 @@ ShortConvResult short_conv(const torch::Tensor& x, const torch::Tensor& weight, 
 // channels, K a head (K = 1: one a head, as Gated DeltaNet), dt_bias [C], A_log [H]. Returns [..., C] fp32.
 // On a kernel device one kernel each way (ops/cuda/softplus_decay.cu); elsewhere the formula.
 torch::Tensor softplus_decay(const torch::Tensor& f, const torch::Tensor& dt_bias, const torch::Tensor& A_log);
+// fla's bounded KDA gate, g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)) in [lower_bound, 0), same
+// shapes; the libtorch formula in fp32.
+torch::Tensor lower_bound_decay(const torch::Tensor& f, const torch::Tensor& dt_bias, const torch::Tensor& A_log,
+                                double lower_bound);
 
 // ---- Stage-3 distillation's and next-token training's per-token terms (ops/distill_loss.cpp) --------------
 // Student logits s and teacher logits t [N, V], targets [N] (int64), temperature T > 0; in fp32 [N]:

@@ -61,4 +61,19 @@ torch::Tensor softplus_decay(const torch::Tensor& f, const torch::Tensor& dt_bia
   return g.view(sizes);
 }
 
+torch::Tensor lower_bound_decay(const torch::Tensor& f, const torch::Tensor& dt_bias, const torch::Tensor& A_log,
+                                double lower_bound) {
+  const int64_t H = A_log.numel(), C = f.dim() > 0 ? f.size(-1) : 0;
+  if (f.dim() < 1 || A_log.dim() != 1 || H == 0 || C % H != 0 || dt_bias.dim() != 1 || dt_bias.size(0) != C)
+    throw Error("lower_bound_decay: expected f [..., C], dt_bias [C] and A_log [H] with H dividing C; got f " +
+                detail::shape_of(f) + ", dt_bias " + detail::shape_of(dt_bias) + ", A_log " + detail::shape_of(A_log));
+  auto sizes = f.sizes().vec();
+  auto per_head = sizes;
+  per_head.back() = H;
+  per_head.push_back(C / H);
+  auto z = (f.to(torch::kFloat) + dt_bias.to(torch::kFloat)).view(per_head);  // [..., H, K]
+  auto g = lower_bound * torch::sigmoid(A_log.to(torch::kFloat).exp().view({H, 1}) * z);
+  return g.view(sizes);
+}
+
 }  // namespace linearize::ops

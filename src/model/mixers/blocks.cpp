@@ -54,7 +54,8 @@ void linear_init(torch::nn::Module& m, double std) {
   }
 }
 
-torch::Tensor dt_bias_init(int64_t n) {
+torch::Tensor dt_bias_init(int64_t n, const std::string& kind) {
+  if (kind == "zeros") return torch::zeros({n});
   auto dt = torch::exp(torch::rand({n}) * (std::log(1e-1) - std::log(1e-3)) + std::log(1e-3)).clamp_min(1e-4);
   return dt + torch::log(-torch::expm1(-dt));
 }
@@ -67,7 +68,8 @@ torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep
 }
 
 DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
-                        ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads) {
+                        ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads,
+                        int64_t value_heads) {
   if (use_conv) {
     q = conv_step(q_conv, q, step, "conv_q");
     k = conv_step(k_conv, k, step, "conv_k");
@@ -75,9 +77,10 @@ DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool 
   } else {
     q = torch::silu(q), k = torch::silu(k), v = torch::silu(v);
   }
-  return {ops::l2_norm(split_heads(q, heads)),   // [B,T,H,Dk]
-          ops::l2_norm(split_heads(k, heads)),   // [B,T,H,Dk]
-          split_heads(v, heads)};                // [B,T,H,Dv]
+  const int64_t groups = value_heads / heads;
+  return {repeat_heads(ops::l2_norm(split_heads(q, heads)), groups),   // [B,T,HV,Dk]
+          repeat_heads(ops::l2_norm(split_heads(k, heads)), groups),   // [B,T,HV,Dk]
+          split_heads(v, value_heads)};                                // [B,T,HV,Dv]
 }
 
 }  // namespace linearize::mixers

@@ -42,8 +42,9 @@ torch::Tensor repeat_heads(const torch::Tensor& x, int64_t groups);
 void linear_init(torch::nn::Module& m, double std);
 
 // dt_bias init of Mamba2 / GDN / KDA: dt = exp(U(ln 1e-3, ln 1e-1)) clamped to >= 1e-4, stored as its
-// exact inverse softplus dt + ln(-expm1(-dt)), so softplus(dt_bias) = dt. [n] fp32.
-torch::Tensor dt_bias_init(int64_t n);
+// exact inverse softplus dt + ln(-expm1(-dt)), so softplus(dt_bias) = dt; `kind` "zeros" (the study's
+// KDA) gives zeros. [n] fp32.
+torch::Tensor dt_bias_init(int64_t n, const std::string& kind = "mamba");
 
 // The three ways a forward call runs (token_mixer.h): state == nullptr = whole sequence from zeros
 // (chunked); a state and T == 1 = decode (recurrent step); a state and T > 1 = prefill (chunked from the
@@ -65,13 +66,15 @@ struct MixerStep {
 // Short convs on q, k, v with their caches "conv_q", "conv_k", "conv_v" in the state.
 torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep& step, const std::string& name);
 
-// The delta-rule family's (DeltaNet, Gated DeltaNet, KDA) keys and values from the projected q, k, v
-// [B, T, H*D]: short convs with silu (or silu alone when use_conv is false), then per-head split and
-// L2 norm of q and k. Returns q, k [B, T, H, Dk] and v [B, T, H, Dv].
+// The delta-rule family's (DeltaNet, Gated DeltaNet, KDA) keys and values from the projected q, k
+// [B, T, H*Dk] and v [B, T, HV*Dv]: short convs with silu (or silu alone when use_conv is false), then
+// per-head split and L2 norm of q and k, which are repeated to the HV value heads (value head i reads
+// q/k head i / (HV / H), fla's GVA). Returns q, k [B, T, HV, Dk] and v [B, T, HV, Dv].
 struct DeltaQKV {
   torch::Tensor q, k, v;
 };
 DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
-                        ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads);
+                        ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads,
+                        int64_t value_heads);
 
 }  // namespace linearize::mixers

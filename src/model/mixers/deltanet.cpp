@@ -34,7 +34,7 @@ torch::Tensor DeltaNet::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
   const mixers::MixerStep step(state, T);
   auto [q, k, v] = mixers::delta_rule_qkv(q_proj(x), k_proj(x), v_proj(x), config.use_short_conv, q_conv1d,
-                                          k_conv1d, v_conv1d, step, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
+                                          k_conv1d, v_conv1d, step, H, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
   auto beta = b_proj ? torch::sigmoid(b_proj(x).to(torch::kFloat))
                      : torch::ones({B, T, H}, x.options().dtype(torch::kFloat));  // [B,T,H]
   if (config.allow_neg_eigval) beta = beta * 2;

@@ -36,16 +36,22 @@ std::string shape_str(const torch::Tensor& t) {
   return s.str();
 }
 
-// [Hkv*d, in] -> [Hkv*G*d, in]: row block of head h = row block of KV head h / G.
+}  // namespace
+
 torch::Tensor repeat_kv_rows(const torch::Tensor& w, int64_t kv_heads, int64_t groups) {
   const int64_t d = w.size(0) / kv_heads;
   return w.reshape({kv_heads, 1, d, w.size(1)}).expand({kv_heads, groups, d, w.size(1)}).reshape({kv_heads * groups * d, w.size(1)});
 }
 
-}  // namespace
+torch::Tensor study_repeat_kv_rows(const torch::Tensor& w, int64_t groups) {
+  const int64_t chunk = 32;
+  if (w.size(0) % chunk != 0)
+    throw Error("the study's GQA unroll needs K/V rows in multiples of 32, found " + std::to_string(w.size(0)));
+  return repeat_kv_rows(w, w.size(0) / chunk, groups);
+}
 
 std::vector<std::string> init_mixer_from_teacher(TokenMixer& mixer, const LlamaAttention& teacher,
-                                                 const MixerConfig& config) {
+                                                 const MixerConfig& config, bool study_gqa_unroll) {
   std::vector<std::string> notes;
   auto params = mixer.named_parameters(/*recurse=*/true);
   const bool xlstm = config.kind == "mlstm";
@@ -64,9 +70,15 @@ std::vector<std::string> init_mixer_from_teacher(TokenMixer& mixer, const LlamaA
       dst->copy_(src);
       notes.push_back("copied " + name + ".weight " + shape_str(src));
     } else if (kv && groups > 1 && dst->sizes() == repeat_kv_rows(src, teacher.num_kv_heads, groups).sizes()) {
-      dst->copy_(repeat_kv_rows(src, teacher.num_kv_heads, groups));
-      notes.push_back("copied " + name + ".weight " + shape_str(*dst) + " (each of the teacher's " +
-                      std::to_string(teacher.num_kv_heads) + " KV heads repeated x" + std::to_string(groups) + ")");
+      if (study_gqa_unroll) {
+        dst->copy_(study_repeat_kv_rows(src, groups));
+        notes.push_back("copied " + name + ".weight " + shape_str(*dst) + " with the study's unroll (32-row chunks x" +
+                        std::to_string(groups) + ")");
+      } else {
+        dst->copy_(repeat_kv_rows(src, teacher.num_kv_heads, groups));
+        notes.push_back("copied " + name + ".weight " + shape_str(*dst) + " (each of the teacher's " +
+                        std::to_string(teacher.num_kv_heads) + " KV heads repeated x" + std::to_string(groups) + ")");
+      }
     } else {
       notes.push_back("left fresh " + name + ".weight: student " + shape_str(*dst) + " vs teacher " + shape_str(src));
     }

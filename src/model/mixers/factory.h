@@ -27,8 +27,15 @@ std::shared_ptr<TokenMixer> make_mixer(const MixerConfig& config);
 // mixer_kinds() is declared in mixer_config.h.
 
 // Returns one line per projection: "copied q_proj.weight", "copied k_proj.weight (KV heads repeated x3)",
-// "left fresh k_proj.weight: student [..] vs teacher [..]".
+// "left fresh k_proj.weight: student [..] vs teacher [..]". With study_gqa_unroll, K/V rows are repeated
+// as the study's code does (the gqa defect): in chunks of 32 rows whatever the teacher's head size, each
+// chunk `groups` times in a row.
 std::vector<std::string> init_mixer_from_teacher(TokenMixer& mixer, const LlamaAttention& teacher,
-                                                 const MixerConfig& config);
+                                                 const MixerConfig& config, bool study_gqa_unroll = false);
+
+// [Hkv*d, in] -> [Hkv*G*d, in]: row block of head h = row block of KV head h / G (HF repeat_kv).
+torch::Tensor repeat_kv_rows(const torch::Tensor& w, int64_t kv_heads, int64_t groups);
+// The study's version: 32-row chunks, each repeated G times in a row (right only when d = 32).
+torch::Tensor study_repeat_kv_rows(const torch::Tensor& w, int64_t groups);
 
 }  // namespace linearize

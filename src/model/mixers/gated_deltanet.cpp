@@ -19,8 +19,8 @@ GatedDeltaNet::GatedDeltaNet(const MixerConfig& c) : config(c.resolved()) {
   q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim()));
   k_proj = register_module("k_proj", lin(k.hidden_size, k.key_dim()));
   v_proj = register_module("v_proj", lin(k.hidden_size, k.value_dim()));
-  a_proj = register_module("a_proj", lin(k.hidden_size, k.num_heads));
-  b_proj = register_module("b_proj", lin(k.hidden_size, k.num_heads));
+  a_proj = register_module("a_proj", lin(k.hidden_size, k.value_heads()));
+  b_proj = register_module("b_proj", lin(k.hidden_size, k.value_heads()));
   if (k.use_output_gate) g_proj = register_module("g_proj", lin(k.hidden_size, k.value_dim()));
   o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size));
   if (k.use_short_conv) {
@@ -30,18 +30,18 @@ GatedDeltaNet::GatedDeltaNet(const MixerConfig& c) : config(c.resolved()) {
   }
   o_norm = register_module("o_norm", RMSNorm(k.head_v_dim, k.norm_eps));
   mixers::linear_init(*this, k.init_std);
-  A_log = register_parameter("A_log", torch::log(torch::rand({k.num_heads}) * 16).clamp_min(-30));  // A ~ U(0,16)
-  dt_bias = register_parameter("dt_bias", mixers::dt_bias_init(k.num_heads));
+  A_log = register_parameter("A_log", torch::log(torch::rand({k.value_heads()}) * 16).clamp_min(-30));  // A ~ U(0,16)
+  dt_bias = register_parameter("dt_bias", mixers::dt_bias_init(k.value_heads(), k.dt_bias_init));
 }
 
 torch::Tensor GatedDeltaNet::forward(const torch::Tensor& x, LayerState* state) {
-  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, HV = config.value_heads();
   const mixers::MixerStep step(state, T);
   auto [q, k, v] = mixers::delta_rule_qkv(q_proj(x), k_proj(x), v_proj(x), config.use_short_conv, q_conv1d,
-                                          k_conv1d, v_conv1d, step, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
-  auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,H]
+                                          k_conv1d, v_conv1d, step, H, HV);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
+  auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,HV]
   if (config.allow_neg_eigval) beta = beta * 2;
-  auto g = ops::softplus_decay(a_proj(x), dt_bias, A_log);  // -exp(A_log) softplus(a_proj x + dt_bias) [B,T,H] fp32
+  auto g = ops::softplus_decay(a_proj(x), dt_bias, A_log);  // -exp(A_log) softplus(a_proj x + dt_bias) [B,T,HV] fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
@@ -50,10 +50,10 @@ torch::Tensor GatedDeltaNet::forward(const torch::Tensor& x, LayerState* state) 
   step.put("S", r.state);
   step.advance(T);
 
-  // [B,T,H,Dv]: the norm and the output gate in one kernel each way (ops::rms_norm)
-  auto o = g_proj ? ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(g_proj(x), H), ops::Gate::silu)
+  // [B,T,HV,Dv]: the norm and the output gate in one kernel each way (ops::rms_norm)
+  auto o = g_proj ? ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(g_proj(x), HV), ops::Gate::silu)
                   : o_norm(r.o);
-  return o_proj(o.reshape({B, T, H * config.head_v_dim}));
+  return o_proj(o.reshape({B, T, HV * config.head_v_dim}));
 }
 
 }  // namespace linearize

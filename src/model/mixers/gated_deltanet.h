@@ -3,11 +3,13 @@
 //   u_t = β_t (v_t - (α_t S_{t-1})^T k_t),  S_t = α_t S_{t-1} + k_t u_t^T,  o_t = S_t^T (s q_t),
 // q, k L2-normalised, β = σ(b_proj x), then y = o_proj(o_norm(o) ⊙ swish(g_proj x)).
 //
-// Parameters (fla names): q_proj, k_proj [H*Dk, hidden], v_proj [H*Dv, hidden], a_proj, b_proj
-// [H, hidden], A_log [H] (ln U(0,16)), dt_bias [H] (inverse softplus of logU(1e-3, 1e-1)), g_proj
-// [H*Dv, hidden], o_proj, o_norm.weight [Dv], q/k/v_conv1d [C,1,W] (silu).
-// No native GQA (fla's num_v_heads is GVA, the opposite sharing; not implemented here).
-// State: "S" [B, H, Dk, Dv] fp32, conv caches "conv_q/k/v".
+// With num_v_heads = HV > H (fla's GVA) q and k have H heads, each read by HV / H value heads; the
+// state, beta and the decay are per value head.
+//
+// Parameters (fla names): q_proj, k_proj [H*Dk, hidden], v_proj [HV*Dv, hidden], a_proj, b_proj
+// [HV, hidden], A_log [HV] (ln U(0,16)), dt_bias [HV] (inverse softplus of logU(1e-3, 1e-1), or zeros),
+// g_proj [HV*Dv, hidden], o_proj, o_norm.weight [Dv], q/k/v_conv1d [C,1,W] (silu).
+// State: "S" [B, HV, Dk, Dv] fp32, conv caches "conv_q/k/v".
 #pragma once
 #include "model/llama.h"
 #include "model/mixers/blocks.h"
@@ -25,7 +27,7 @@ class GatedDeltaNet : public TokenMixer {
   MixerConfig config;
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, a_proj{nullptr}, b_proj{nullptr},
       g_proj{nullptr}, o_proj{nullptr};
-  torch::Tensor A_log, dt_bias;  // [H], [H]
+  torch::Tensor A_log, dt_bias;  // [HV], [HV]
   mixers::ShortConv q_conv1d{nullptr}, k_conv1d{nullptr}, v_conv1d{nullptr};
   RMSNorm o_norm{nullptr};
 };

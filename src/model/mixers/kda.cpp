@@ -1,7 +1,7 @@
 // KDA layer (see kda.h). Order: parameterisation, recurrent step, chunked form.
 //
 //   q, k = l2(silu(conv(proj x))) [B,T,H,Dk];  v = silu(conv(v_proj x)) [B,T,H,Dv];  β = σ(b_proj x) [B,T,H]
-//   g = -e^{A_log[h]} softplus(f_proj x + dt_bias) [B,T,H,Dk] fp32
+//   g = -e^{A_log[h]} softplus(f_proj x + dt_bias) [B,T,H,Dk] fp32  (or the lower-bound gate)
 //   S_t = (I - β_t k_t k_t^T) Diag(e^{g_t}) S_{t-1} + β_t k_t v_t^T;  o_t = S_t^T (s q_t)
 #include "model/mixers/kda.h"
 
@@ -19,10 +19,13 @@ KDA::KDA(const MixerConfig& c) : config(c.resolved()) {
   q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim()));
   k_proj = register_module("k_proj", lin(k.hidden_size, k.key_dim()));
   v_proj = register_module("v_proj", lin(k.hidden_size, k.value_dim()));
-  f_proj = register_module("f_proj", mixers::low_rank(k.hidden_size, k.head_v_dim, k.key_dim(), /*out_bias=*/false));
-  b_proj = register_module("b_proj", lin(k.hidden_size, k.num_heads));
-  if (k.use_output_gate)
+  const int64_t HV = k.value_heads();
+  f_proj = register_module("f_proj", mixers::low_rank(k.hidden_size, k.head_v_dim, HV * k.head_k_dim, /*out_bias=*/false));
+  b_proj = register_module("b_proj", lin(k.hidden_size, HV));
+  if (k.use_output_gate && k.kda_gate_low_rank)
     g_proj = register_module("g_proj", mixers::low_rank(k.hidden_size, k.head_v_dim, k.value_dim(), /*out_bias=*/true));
+  if (k.use_output_gate && !k.kda_gate_low_rank)
+    g_full = register_module("g_proj", torch::nn::Linear(torch::nn::LinearOptions(k.hidden_size, k.value_dim()).bias(true)));
   o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size));
   if (k.use_short_conv) {
     q_conv1d = register_module("q_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
@@ -31,19 +34,23 @@ KDA::KDA(const MixerConfig& c) : config(c.resolved()) {
   }
   o_norm = register_module("o_norm", RMSNorm(k.head_v_dim, k.norm_eps));
   mixers::linear_init(*this, k.init_std);
-  A_log = register_parameter("A_log", torch::log(1 + torch::rand({k.num_heads}) * 15));  // A ~ U(1,16)
-  dt_bias = register_parameter("dt_bias", mixers::dt_bias_init(k.key_dim()));
+  A_log = register_parameter("A_log", k.safe_gate ? torch::zeros({HV})
+                                                 : torch::log(1 + torch::rand({HV}) * 15));  // A ~ U(1,16)
+  dt_bias = register_parameter("dt_bias", mixers::dt_bias_init(HV * k.head_k_dim, k.dt_bias_init));
 }
 
 torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
-  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
+  const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, HV = config.value_heads();
   const mixers::MixerStep step(state, T);
   auto [q, k, v] = mixers::delta_rule_qkv(q_proj(x), k_proj(x), v_proj(x), config.use_short_conv, q_conv1d,
-                                          k_conv1d, v_conv1d, step, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
-  auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,H]
+                                          k_conv1d, v_conv1d, step, H, HV);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
+  auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,HV]
   if (config.allow_neg_eigval) beta = beta * 2;
-  // g = -exp(A_log) softplus(f + dt_bias), one kernel each way (ops::softplus_decay)
-  auto g = mixers::split_heads(ops::softplus_decay(f_proj->forward(x), dt_bias, A_log), H);  // [B,T,H,Dk] fp32
+  // g = -exp(A_log) softplus(f + dt_bias), one kernel each way (ops::softplus_decay), or the bounded gate
+  const auto f = f_proj->forward(x);  // [B,T,HV*Dk]
+  auto g = mixers::split_heads(config.lower_bound < 0 ? ops::lower_bound_decay(f, dt_bias, A_log, config.lower_bound)
+                                                      : ops::softplus_decay(f, dt_bias, A_log),
+                               HV);  // [B,T,HV,Dk] fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
@@ -52,16 +59,15 @@ torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   step.put("S", r.state);
   step.advance(T);
 
-  torch::Tensor o;  // [B,T,H,Dv]
-  if (!g_proj) {
+  torch::Tensor o;  // [B,T,HV,Dv]
+  if (!g_proj && !g_full) {
     o = o_norm(r.o);
-  } else if (config.kda_gate_mode == "add_in_norm") {
-    o = o_norm(r.o + mixers::split_heads(g_proj->forward(x), H));
   } else {
-    o = ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(g_proj->forward(x), H),
-                      ops::Gate::sigmoid);
+    const auto gate = mixers::split_heads(g_proj ? g_proj->forward(x) : g_full(x), HV);  // [B,T,HV,Dv]
+    o = config.kda_gate_mode == "add_in_norm" ? o_norm(r.o + gate)
+                                              : ops::rms_norm(r.o, o_norm->weight, o_norm->eps, gate, ops::Gate::sigmoid);
   }
-  return o_proj(o.reshape({B, T, H * config.head_v_dim}));
+  return o_proj(o.reshape({B, T, HV * config.head_v_dim}));
 }
 
 }  // namespace linearize

@@ -2,6 +2,7 @@
 #include "model/mixers/mixer_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "io/error.h"
 
@@ -24,8 +25,9 @@ void check_kind(const std::string& kind) {
     throw Error("unknown mixer kind '" + kind + "'; expected one of: " + join(mixer_kinds()));
 }
 
-const std::vector<std::string> kFeatureMaps = {"elementwise_product", "hedgehog", "t2r", "elu", "relu", "identity"};
+const std::vector<std::string> kFeatureMaps = {"elementwise_product", "hedgehog", "t2r", "dpfp", "elu", "relu", "identity"};
 const std::vector<std::string> kKdaGateModes = {"multiply", "add_in_norm"};
+const std::vector<std::string> kDtBiasInits = {"mamba", "zeros"};
 
 }  // namespace
 
@@ -65,16 +67,31 @@ MixerConfig& MixerConfig::resolve() {
   need(native_gqa || num_kv_heads == num_heads,
        "num_kv_heads (" + std::to_string(num_kv_heads) + ") must equal num_heads (" + std::to_string(num_heads) +
            "): only linear_attention, retnet and gla share KV heads natively");
+  const bool gva = kind == "gated_deltanet" || kind == "kda";
+  if (num_v_heads == 0) num_v_heads = num_heads;
+  need(num_v_heads > 0 && num_v_heads % num_heads == 0,
+       "num_v_heads " + std::to_string(num_v_heads) + " must be a positive multiple of num_heads " +
+           std::to_string(num_heads));
+  need(gva || num_v_heads == num_heads, "num_v_heads (" + std::to_string(num_v_heads) + ") must equal num_heads (" +
+                                            std::to_string(num_heads) + "): only gated_deltanet and kda have value heads");
   need(conv_size >= 1, "conv_size must be >= 1");
   need(chunk_size >= 1, "chunk_size must be >= 1");
-  need(!(use_short_conv && (kind == "linear_attention" || kind == "mlstm")),
-       "use_short_conv is not available for " + kind);
+  need(!(use_short_conv && kind == "mlstm"), "use_short_conv is not available for " + kind);
   need(!(use_output_gate && kind == "linear_attention"), "use_output_gate is not available for linear_attention");
   need(use_output_norm || kind == "linear_attention", "use_output_norm=false is only available for linear_attention");
   need(contains(kFeatureMaps, feature_map),
        "unknown feature_map '" + feature_map + "'; expected one of: " + join(kFeatureMaps));
+  need(kind == "linear_attention" || (!norm_q && !norm_k && !feature_map_norm),
+       "norm_q, norm_k and feature_map_norm are only available for linear_attention");
   need(contains(kKdaGateModes, kda_gate_mode),
        "unknown kda_gate_mode '" + kda_gate_mode + "'; expected one of: " + join(kKdaGateModes));
+  need(contains(kDtBiasInits, dt_bias_init),
+       "unknown dt_bias_init '" + dt_bias_init + "'; expected one of: " + join(kDtBiasInits));
+  need(std::isfinite(lower_bound) && lower_bound <= 0, "lower_bound must be 0 (off) or negative, found " +
+                                                           std::to_string(lower_bound));
+  need(kind == "kda" || (lower_bound == 0 && !safe_gate), "lower_bound and safe_gate are only available for kda");
+  need(!safe_gate || (lower_bound >= -5 && lower_bound < 0),
+       "safe_gate needs -5 <= lower_bound < 0, found lower_bound " + std::to_string(lower_bound));
   if (kind == "retnet") need(head_k_dim % 2 == 0, "retnet needs an even head_k_dim for the rotary embedding");
   return *this;
 }
@@ -84,6 +101,7 @@ nlohmann::json MixerConfig::to_json() const {
           {"hidden_size", hidden_size},
           {"num_heads", num_heads},
           {"num_kv_heads", num_kv_heads},
+          {"num_v_heads", num_v_heads},
           {"head_k_dim", head_k_dim},
           {"head_v_dim", head_v_dim},
           {"use_short_conv", use_short_conv},
@@ -92,6 +110,9 @@ nlohmann::json MixerConfig::to_json() const {
           {"use_output_gate", use_output_gate},
           {"use_output_norm", use_output_norm},
           {"feature_map", feature_map},
+          {"norm_q", norm_q},
+          {"norm_k", norm_k},
+          {"feature_map_norm", feature_map_norm},
           {"norm_eps", norm_eps},
           {"rope_theta", rope_theta},
           {"gate_logit_normalizer", gate_logit_normalizer},
@@ -99,6 +120,10 @@ nlohmann::json MixerConfig::to_json() const {
           {"use_beta", use_beta},
           {"allow_neg_eigval", allow_neg_eigval},
           {"kda_gate_mode", kda_gate_mode},
+          {"kda_gate_low_rank", kda_gate_low_rank},
+          {"lower_bound", lower_bound},
+          {"safe_gate", safe_gate},
+          {"dt_bias_init", dt_bias_init},
           {"chunk_size", chunk_size},
           {"mlstm_gate_soft_cap", mlstm_gate_soft_cap},
           {"mlstm_igate_bias_init", mlstm_igate_bias_init},
@@ -119,6 +144,7 @@ MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
       else if (key == "hidden_size") c.hidden_size = value.get<int64_t>();
       else if (key == "num_heads") c.num_heads = value.get<int64_t>();
       else if (key == "num_kv_heads") c.num_kv_heads = value.is_null() ? 0 : value.get<int64_t>();
+      else if (key == "num_v_heads") c.num_v_heads = value.is_null() ? 0 : value.get<int64_t>();
       else if (key == "head_k_dim") c.head_k_dim = value.get<int64_t>();
       else if (key == "head_v_dim") c.head_v_dim = value.get<int64_t>();
       else if (key == "use_short_conv") c.use_short_conv = value.get<bool>();
@@ -127,6 +153,9 @@ MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
       else if (key == "use_output_gate") c.use_output_gate = value.get<bool>();
       else if (key == "use_output_norm") c.use_output_norm = value.get<bool>();
       else if (key == "feature_map") c.feature_map = value.get<std::string>();
+      else if (key == "norm_q") c.norm_q = value.get<bool>();
+      else if (key == "norm_k") c.norm_k = value.get<bool>();
+      else if (key == "feature_map_norm") c.feature_map_norm = value.get<bool>();
       else if (key == "norm_eps") c.norm_eps = value.get<double>();
       else if (key == "rope_theta") c.rope_theta = value.get<double>();
       else if (key == "gate_logit_normalizer") c.gate_logit_normalizer = value.get<double>();
@@ -134,6 +163,10 @@ MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
       else if (key == "use_beta") c.use_beta = value.get<bool>();
       else if (key == "allow_neg_eigval") c.allow_neg_eigval = value.get<bool>();
       else if (key == "kda_gate_mode") c.kda_gate_mode = value.get<std::string>();
+      else if (key == "kda_gate_low_rank") c.kda_gate_low_rank = value.get<bool>();
+      else if (key == "lower_bound") c.lower_bound = value.get<double>();
+      else if (key == "safe_gate") c.safe_gate = value.get<bool>();
+      else if (key == "dt_bias_init") c.dt_bias_init = value.get<std::string>();
       else if (key == "chunk_size") c.chunk_size = value.get<int64_t>();
       else if (key == "mlstm_gate_soft_cap") c.mlstm_gate_soft_cap = value.get<double>();
       else if (key == "mlstm_igate_bias_init") c.mlstm_igate_bias_init = value.get<double>();
@@ -149,6 +182,35 @@ MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
     }
   }
   return c.resolve();
+}
+
+MixerConfig MixerConfig::with_overrides(const nlohmann::json& overrides) const {
+  if (!overrides.is_object())
+    throw Error("mixer config overrides: expected a JSON object, found " + std::string(overrides.type_name()));
+  nlohmann::json j = to_json();
+  for (const auto& [key, value] : overrides.items()) {
+    if (key == "kind" && value != j["kind"])
+      throw Error("mixer config overrides: 'kind' is " + value.dump() + " but the mixer is '" + kind +
+                  "' (choose the mixer with --mixer)");
+    if (!j.contains(key)) {
+      std::string known;
+      for (const auto& [k, v] : j.items()) known += (known.empty() ? "" : ", ") + k;
+      throw Error("mixer config overrides: unknown key '" + key + "' (kind " + kind + "; known: " + known + ")");
+    }
+    j[key] = value;
+  }
+  // A new head count re-derives what follows from it unless the overrides set that too.
+  if (overrides.contains("num_heads")) {
+    for (const char* derived : {"num_v_heads", "head_k_dim", "head_v_dim"})
+      if (!overrides.contains(derived)) j[derived] = 0;
+    // KV heads: kept where the mixer shares them natively and they still divide the heads, else one per head.
+    const bool native_gqa = kind == "linear_attention" || kind == "retnet" || kind == "gla";
+    const auto heads = j["num_heads"];
+    if (!overrides.contains("num_kv_heads") &&
+        (!native_gqa || !heads.is_number_integer() || heads.get<int64_t>() % std::max<int64_t>(1, num_kv_heads) != 0))
+      j["num_kv_heads"] = 0;
+  }
+  return from_json(j);
 }
 
 MixerConfig mixer_preset(const std::string& kind, const std::string& preset, const LlamaConfig& teacher) {
@@ -174,7 +236,9 @@ MixerConfig mixer_preset(const std::string& kind, const std::string& preset, con
       c.num_heads = c.num_kv_heads = heads;
       c.head_k_dim = c.head_v_dim = width / heads;
     }
-    if (kind == "kda") c.kda_gate_mode = "add_in_norm";
+    if (kind == "retnet") c.rope_theta = 10000.0;  // fla's RotaryEmbedding default, not the teacher's base
+    if (kind == "linear_attention") c.use_short_conv = true, c.use_output_norm = false;
+    if (kind == "kda") c.kda_gate_low_rank = false, c.dt_bias_init = "zeros";
   }
   return c.resolve();
 }

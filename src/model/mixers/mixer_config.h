@@ -12,12 +12,15 @@
 //   default  the teacher's layout: num_heads = teacher heads, head_k_dim = head_v_dim = teacher head_dim;
 //            GQA kept natively where the mixer has num_kv_heads (linear_attention, retnet, gla);
 //            RetNet rotary base = teacher rope_theta; KDA output gate multiplied: o_norm(o) * sigmoid(g).
-//   paper    as the study ran them: fla's *layer* default head counts for GLA (4), RetNet (8) and
-//            DeltaNet (4), no native GQA for those three (fla's num_kv_heads=None), head size =
-//            hidden / heads and expand_k = expand_v = 1 so the teacher's q/k/v/o still fit; KDA with
-//            the output gate added inside the norm:  y = RMSNorm(o + g) * w,  g = g_proj(x) raw (no
-//            sigmoid). That is what calling fla's plain RMSNorm as o_norm(o, g) computes, since its
-//            second argument is a residual added before normalising. Other mixers as `default`.
+//   paper    as the study's code builds them: fla's *layer* default head counts for GLA (4), RetNet (8)
+//            and DeltaNet (4), no native GQA for those three (fla's num_kv_heads=None), head size =
+//            hidden / heads and expand_k = expand_v = 1 so the teacher's q/k/v/o still fit; RetNet's
+//            rotary base fla's 10000 (not the teacher's); linear attention with silu short convs on
+//            q, k, v and no output norm; KDA with a full-rank output gate with bias and dt_bias = 0.
+//            The study's defects are not in the preset (see paper_defects in distill/stages.h): with
+//            the kda_gate defect KDA adds the gate inside the norm, y = RMSNorm(o + g) * w with g raw,
+//            which is what calling fla's plain RMSNorm as o_norm(o, g) computes (its second argument
+//            is a residual added before normalising).
 // It does not choose training hyper-parameters; those live with the distillation stages.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -35,11 +38,15 @@ struct MixerConfig {
   int64_t hidden_size = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // 0 = num_heads. Only linear_attention, retnet and gla share KV heads (GQA).
+  // gated_deltanet, kda: value heads (fla num_v_heads, "GVA"); 0 = num_heads, else a multiple of it. Value
+  // head i reads q/k head i / (num_v_heads / num_heads); beta, the gates and the state are per value head.
+  int64_t num_v_heads = 0;
   int64_t head_k_dim = 0;    // 0 = hidden_size / num_heads
   int64_t head_v_dim = 0;    // 0 = hidden_size / num_heads
 
   // Short causal depthwise convolutions on the projected q, k, v (with silu). fla default: on for
-  // deltanet, gated_deltanet, kda; off for retnet, gla; not available for linear_attention, mlstm.
+  // deltanet, gated_deltanet, kda; off for linear_attention (the study's student has them), retnet,
+  // gla; not available for mlstm.
   bool use_short_conv = false;
   int64_t conv_size = 4;
   bool conv_bias = false;
@@ -51,7 +58,11 @@ struct MixerConfig {
   // mixers always normalise.
   bool use_output_norm = true;
 
-  std::string feature_map = "elementwise_product";  // linear_attention: elementwise_product | hedgehog | t2r | elu | relu | identity
+  // linear_attention: the feature map (elementwise_product | hedgehog | t2r | dpfp | elu | relu | identity),
+  // fla's sum-normalisation of q and k after it (norm_q, norm_k: x / (sum x + 1e-4)) and its output
+  // normalisation (feature_map_norm, fla do_feature_map_norm: o_t / (s q_t . sum_{u<=t} k_u + 1e-10)).
+  std::string feature_map = "elementwise_product";
+  bool norm_q = false, norm_k = false, feature_map_norm = false;
   double norm_eps = 1e-5;                           // per-head RMSNorm eps (fla layer default)
   double rope_theta = 10000.0;                      // retnet rotary base (fla default 10000)
   double gate_logit_normalizer = 16.0;              // gla: g = logsigmoid(gk_proj(x)) / normalizer
@@ -59,6 +70,13 @@ struct MixerConfig {
   bool use_beta = true;                             // deltanet: beta = sigmoid(b_proj(x)), else 1
   bool allow_neg_eigval = false;                    // delta rule family: beta in (0, 2)
   std::string kda_gate_mode = "multiply";           // kda: multiply = o_norm(o)*sigmoid(g); add_in_norm = RMSNorm(o + g)*w
+  bool kda_gate_low_rank = true;   // kda output gate: fla's low rank (rank head_v_dim, bias) or full rank with bias
+  // kda decay: 0 = -e^{A_log} softplus(f + dt_bias); < 0 = fla's lower-bound gate
+  // lower_bound * sigmoid(e^{A_log} (f + dt_bias)), in [lower_bound, 0). safe_gate (fla): asks
+  // -5 <= lower_bound < 0 and starts A_log at 0.
+  double lower_bound = 0.0;
+  bool safe_gate = false;
+  std::string dt_bias_init = "mamba";  // gated_deltanet, kda: mamba (softplus^-1 of dt ~ logU(1e-3, 0.1)) | zeros
   int64_t chunk_size = 64;                          // chunked form's chunk length
 
   // mLSTM (xLSTM large layer)
@@ -73,8 +91,9 @@ struct MixerConfig {
 
   // Derived sizes (after resolve()).
   int64_t kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  int64_t value_heads() const { return num_v_heads > 0 ? num_v_heads : num_heads; }
   int64_t key_dim() const { return num_heads * head_k_dim; }
-  int64_t value_dim() const { return num_heads * head_v_dim; }
+  int64_t value_dim() const { return value_heads() * head_v_dim; }
 
   // Fills derived fields and checks consistency; throws Error naming the field.
   MixerConfig& resolve();
@@ -83,6 +102,11 @@ struct MixerConfig {
   nlohmann::json to_json() const;
   // Starts from defaults_for(kind) and applies every key; unknown keys are an Error naming the key.
   static MixerConfig from_json(const nlohmann::json& j);
+  // This config with the keys of `overrides` (a JSON object of the same fields) replaced; `kind` may be
+  // repeated but not changed. A new num_heads re-derives num_v_heads, the head sizes (hidden / heads) and,
+  // where they no longer divide or the mixer has no native GQA, num_kv_heads, unless the overrides give
+  // them. Unknown keys and wrong types are an Error naming the key.
+  MixerConfig with_overrides(const nlohmann::json& overrides) const;
   // fla's per-layer defaults for fields that differ by kind (short conv, output gate).
   static MixerConfig defaults_for(const std::string& kind);
 };
