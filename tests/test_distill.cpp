@@ -17,6 +17,7 @@
 #include "io/jsonl.h"
 #include "io/token_shards.h"
 #include "io/tokenizer.h"
+#include "model/mixers/factory.h"
 #include "model/mixers/mixer_config.h"
 #include "model/model_io.h"
 #include "model/student.h"
@@ -244,4 +245,144 @@ TEST(Distill, Stage3LossMatchesItsFormula) {
         EXPECT_LT(std::abs(got.item<double>() - want.item<double>()), 1e-5 * std::abs(want.item<double>()));
         EXPECT_LT(test::rel_err(sv.grad(), s64.grad()), 1e-5);
       }
+}
+
+// ---- the paper preset and the study's defects --------------------------------------------------------
+
+// What each preset and each defect sets, and the learning rate the stage-2 schedule ends on.
+TEST(DistillPaper, PresetAndDefectsSetWhatTheySay) {
+  auto last_lr = [](const StageSettings& st, int64_t steps) {
+    Schedule s;
+    s.kind = st.schedule, s.lr = st.lr, s.warmup_frac = st.warmup, s.decay_frac = st.decay;
+    s.cosine_decay = st.cosine_decay, s.min_lr_frac = st.min_lr_frac, s.total_steps = steps;
+    return s.at(steps - 1);
+  };
+  DistillOptions o;
+  apply_distill_preset(o, "paper");
+  EXPECT_EQ(o.stage2_loss, "l2");
+  EXPECT_TRUE(o.stage2_final_norm_target);
+  EXPECT_EQ(o.kl_reduction, "token_mean");
+  EXPECT_DOUBLE_EQ(o.stage[1].warmup, 0.2);
+  EXPECT_DOUBLE_EQ(o.stage[0].decay, 0.1);
+  EXPECT_TRUE(o.stage[0].cosine_decay);
+  EXPECT_NEAR(last_lr(o.stage[1], 1000), 2e-3 * 1e-4, 1e-9);  // decayed to 1e-4 of the peak
+  Schedule mid;  // the half-cosine: half way through the decay, half way down
+  mid.kind = "wsd", mid.lr = 1.0, mid.warmup_frac = 0, mid.decay_frac = 0.1, mid.cosine_decay = true, mid.total_steps = 1000;
+  EXPECT_NEAR(mid.at(949), 0.5, 1e-9);
+  apply_paper_defects(o, {"stage2_lr", "kl_batchmean"});
+  EXPECT_EQ(o.stage[1].schedule, "constant");
+  EXPECT_DOUBLE_EQ(last_lr(o.stage[1], 1000), 2e-3);  // never decays
+  EXPECT_EQ(o.kl_reduction, "batchmean");
+  EXPECT_EQ(o.defects, (std::vector<std::string>{"stage2_lr", "kl_batchmean"}));
+  DistillOptions d;
+  apply_distill_preset(d, "default");
+  EXPECT_EQ(d.stage2_loss, "mse");
+  EXPECT_FALSE(d.stage[1].cosine_decay);
+  EXPECT_THROW(apply_paper_defects(d, {"gqa", "gqa"}), Error);
+  try {
+    apply_paper_defects(d, {"stage3_lr"});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gqa, kda_gate, kl_batchmean, stage2_lr, bf16_weights"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Stage 2: `l2` is the mean over tokens of each token's L2 norm (not one norm over the batch), and with
+// the final-norm target the last layer is compared with the teacher's final-normed state.
+TEST(DistillPaper, StageTwoLossAndTargets) {
+  const auto& f = fixture();
+  auto teacher = load_model(f.teacher);
+  auto spec = StudentSpec::make("gla", "default", {}, teacher->config);
+  torch::manual_seed(1);
+  auto student = build_student(teacher, spec);
+  torch::NoGradGuard ng;
+  auto x = torch::randint(0, 200, {2, 24}, torch::kLong);
+  Trace trace;
+  teacher->hidden_states(x, nullptr, &trace);
+  auto diff = [&](int64_t l, const torch::Tensor& target) {
+    return student->layer(l)->forward(trace.layer_in[l], nullptr) - target;  // [B,T,hidden]
+  };
+  DistillOptions o;
+  o.stage2_loss = "l2";
+  const auto d0 = diff(0, trace.layer_out[0]), d1 = diff(1, trace.layer_out[1]);
+  const double per_token = (d0.norm(2, -1).mean() + d1.norm(2, -1).mean()).item<double>();
+  EXPECT_NEAR(stage2_loss(o, student, trace, {0, 1}).item<double>(), per_token, 1e-5 * per_token);
+  EXPECT_GT(d0.norm().item<double>() / d0.norm(2, -1).mean().item<double>(), 5.0);  // one norm: ~sqrt(B T) larger
+  o.stage2_final_norm_target = true;
+  const auto dn = diff(1, trace.final_norm_out);
+  const double with_norm = (d0.norm(2, -1).mean() + dn.norm(2, -1).mean()).item<double>();
+  EXPECT_NEAR(stage2_loss(o, student, trace, {0, 1}).item<double>(), with_norm, 1e-5 * with_norm);
+  EXPECT_GT(std::abs(with_norm - per_token), 1e-3 * per_token);
+  o.stage2_loss = "mse";
+  o.stage2_final_norm_target = false;
+  const double mse = (d0.pow(2).mean() + d1.pow(2).mean()).item<double>();
+  EXPECT_NEAR(stage2_loss(o, student, trace, {0, 1}).item<double>(), mse, 1e-5 * mse);
+}
+
+// The gqa defect: the study's unroll repeats 32-row chunks, so at SmolLM2-135M's shape (head size 64,
+// 3 KV heads, G = 3) only student heads 1, 4, 7 get their own KV head; the right unroll gets all nine.
+TEST(DistillPaper, GqaDefectUnrollsInChunksOf32) {
+  auto w = torch::randn({3 * 64, 10});
+  auto right = repeat_kv_rows(w, 3, 3), study = study_repeat_kv_rows(w, 3);
+  ASSERT_EQ(study.sizes(), right.sizes());
+  for (int64_t h = 0; h < 9; ++h) {
+    const bool same = torch::equal(study.narrow(0, h * 64, 64), right.narrow(0, h * 64, 64));
+    EXPECT_EQ(same, h % 3 == 1) << "head " << h;
+  }
+  EXPECT_TRUE(torch::equal(study_repeat_kv_rows(torch::arange(64).view({64, 1}), 2).view({-1}).narrow(0, 0, 64),
+                           torch::cat({torch::arange(32), torch::arange(32)})));
+  // Through the student: deltanet repeats K/V (no native GQA); the fixture's teacher has 2 KV heads of 16.
+  const auto& f = fixture();
+  auto teacher = load_model(f.teacher);
+  auto spec = StudentSpec::make("deltanet", "default", {}, teacher->config);
+  spec.study_gqa_unroll = true;
+  auto student = build_student(teacher, spec);
+  auto tk = teacher->named_parameters()["model.layers.0.self_attn.k_proj.weight"];
+  EXPECT_TRUE(torch::equal(student->named_parameters()["model.layers.0.attn.k_proj.weight"], study_repeat_kv_rows(tk, 2)));
+  EXPECT_FALSE(torch::equal(study_repeat_kv_rows(tk, 2), repeat_kv_rows(tk, 2, 2)));
+}
+
+// Fresh student weights are drawn in fp32 and kept: building from a bf16 teacher with dtype fp32 gives the
+// very weights a build from the fp32 teacher gives, and they are not bf16 values.
+TEST(DistillPaper, FreshWeightsAreNotRoundedThroughBf16) {
+  const auto& f = fixture();
+  auto teacher = load_model(f.teacher);
+  LoadOptions lo;
+  lo.dtype = torch::kBFloat16;
+  auto teacher16 = load_model(f.teacher, lo);
+  auto spec = StudentSpec::make("gated_deltanet", "default", {}, teacher->config);
+  torch::manual_seed(9);
+  auto a = build_student(teacher, spec);
+  torch::manual_seed(9);
+  auto b = build_student(teacher16, spec, nullptr, torch::kFloat);
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (const char* fresh : {"model.layers.0.attn.a_proj.weight", "model.layers.0.attn.dt_bias", "model.layers.1.attn.g_proj.weight"}) {
+    ASSERT_EQ(pb[fresh].scalar_type(), torch::kFloat) << fresh;
+    EXPECT_TRUE(torch::equal(pa[fresh], pb[fresh])) << fresh;
+    EXPECT_FALSE(torch::equal(pb[fresh], pb[fresh].to(torch::kBFloat16).to(torch::kFloat))) << fresh << " is bf16-rounded";
+  }
+}
+
+// kda_gate and bf16_weights through a real (short) distillation: the student's config records the gate
+// inside the norm and the defects, and its weights are stored in bf16.
+TEST(DistillPaper, KdaGateAndBf16WeightsDefects) {
+  auto o = tiny_distill("kda", tmpdir("defects"));
+  o.tokens = 8 * 64 * 10;
+  apply_paper_defects(o, {"kda_gate", "bf16_weights"});
+  o.mixer_overrides = {{"use_short_conv", false}};
+  ASSERT_TRUE(distill(o).finished);
+  auto cfg = LlamaConfig::load(o.out);
+  EXPECT_EQ(cfg.raw["linearize"]["mixer_config"]["kda_gate_mode"], "add_in_norm");
+  EXPECT_EQ(cfg.raw["linearize"]["mixer_config"]["use_short_conv"], false);
+  EXPECT_EQ(cfg.raw["linearize"]["defects"], nlohmann::json({"kda_gate", "bf16_weights"}));
+  WeightStore ws(o.out);
+  EXPECT_EQ(ws.get("model.layers.0.attn.A_log").scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::isfinite(ws.get("model.layers.0.attn.q_proj.weight").to(torch::kFloat)).all().item<bool>());
+  auto plain = tiny_distill("kda", tmpdir("no_defects"));
+  plain.tokens = o.tokens;
+  plain.stages = {1};
+  ASSERT_TRUE(distill(plain).finished);
+  EXPECT_EQ(WeightStore(plain.out).get("model.layers.0.attn.A_log").scalar_type(), torch::kFloat);
+  EXPECT_EQ(LlamaConfig::load(plain.out).raw["linearize"]["mixer_config"]["kda_gate_mode"], "multiply");
 }

@@ -164,7 +164,7 @@ void Args::apply_config_file(const std::string& path) {
       std::string joined;
       for (const auto& x : v) joined += (joined.empty() ? "" : ",") + (x.is_string() ? x.get<std::string>() : x.dump());
       values_[name] = joined;
-    } else if (v.is_number() || v.is_boolean()) {
+    } else if (v.is_number() || v.is_boolean() || (v.is_object() && spec->value_name == "JSON")) {
       values_[name] = v.dump();
     } else {
       throw Error(path + ": key \"" + it.key() + "\" must be a string, number or list");

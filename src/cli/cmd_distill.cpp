@@ -6,6 +6,7 @@
 #include "cli/sft_options.h"
 #include "distill/recipes.h"
 #include "distill/stages.h"
+#include "io/atomic_file.h"
 #include "io/error.h"
 
 namespace linearize::cli {
@@ -32,6 +33,20 @@ std::vector<double> parse_splits(const std::string& s) {
   return out;
 }
 
+// --mixer-config: a JSON object given inline or in a file.
+nlohmann::json parse_mixer_overrides(const std::string& s) {
+  const bool inline_json = s.find_first_not_of(" \t\n") != std::string::npos && s[s.find_first_not_of(" \t\n")] == '{';
+  const std::string text = inline_json ? s : read_file(s);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("--mixer-config: malformed JSON" + (inline_json ? std::string() : " in " + s) + ": " + e.what());
+  }
+  if (!j.is_object()) throw Error("--mixer-config: expected a JSON object of mixer settings, e.g. {\"num_heads\": 8}");
+  return j;
+}
+
 }  // namespace
 
 int cmd_distill(const std::vector<std::string>& argv) {
@@ -42,9 +57,18 @@ int cmd_distill(const std::vector<std::string>& argv) {
       "CE + KL). Writes a student model folder.",
       "",
       "mixers: linear_attention retnet gla deltanet gated_deltanet kda mlstm\n"
-      "presets: default (teacher head layout, corrected KDA gate, MSE stage 2, per-token KL)\n"
-      "         paper   (as the study ran it: fla head counts, L2 stage-2 loss, constant stage-2 LR,\n"
-      "                  batchmean KL)\n"
+      "presets: default (teacher head layout, MSE stage 2, WSD with linear decay, per-token KL)\n"
+      "         paper   (as the study's code trains, its defects corrected: fla head counts, RetNet rotary\n"
+      "                  base 10000, linear attention with short convs and no output norm, KDA with a\n"
+      "                  full-rank output gate and dt_bias 0, the per-token L2 stage-2 loss with the last\n"
+      "                  layer regressed onto the teacher's final norm, 20% stage-2 warmup, WSD with a\n"
+      "                  cosine decay over the last 10%)\n"
+      "defects (--paper-defects, on top of either preset; `all` for every one):\n"
+      "         gqa (K/V unrolled in 32-row chunks), kda_gate (gate added inside the norm), kl_batchmean\n"
+      "         (KL summed over tokens / batch), stage2_lr (stage-2 LR never decays), bf16_weights (no\n"
+      "         fp32 master weights)\n"
+      "--mixer-config overrides any mixer setting (JSON object or file), e.g. '{\"num_heads\": 8,\n"
+      "         \"use_short_conv\": false}'; the keys are those of the student's config.json mixer_config.\n"
       "recipes: standard (the stages above)\n"
       "         instruct (instruction-aware distillation: stages 1-2 against an instruction-tuned\n"
       "                   teacher -> OUT/distilled, then `sft` of that student on --sft-data -> OUT;\n"
@@ -56,8 +80,11 @@ int cmd_distill(const std::vector<std::string>& argv) {
        {"out", "DIR", "student folder to write (holds checkpoints and metrics.jsonl)", "", true},
        {"stages", "LIST", "stages to run", "1,2,3"},
        {"tokens", "N", "total token budget over the stages (default: one pass over each slice)"},
-       {"splits", "A|B|C", "stream/budget split over the stages: fractions or token counts", "0.026|0.053|0.92"},
+       {"splits", "A|B|C", "stream/budget split over the stages: fractions or token counts (instruct recipe:\n"
+                           "0.2|0.8|0)", "0.026|0.053|0.92"},
        {"preset", "NAME", "default or paper", "default"},
+       {"paper-defects", "LIST", "the study's defects to switch on (see below)"},
+       {"mixer-config", "JSON", "mixer settings to override: a JSON object, inline or in a file"},
        {"layers", "LIST", "replace only these layers (hybrid); default all"},
        {"lr1", "X", "stage-1 learning rate", "2e-4"},
        {"lr2", "X", "stage-2 learning rate", "2e-3"},
@@ -98,8 +125,14 @@ int cmd_distill(const std::vector<std::string>& argv) {
     const std::string n = std::to_string(s + 1);
     o.stage[s].lr = args.number("lr" + n);
     if (args.maybe("schedule" + n)) o.stage[s].schedule = args.str("schedule" + n);
-    o.stage[s].warmup = args.number("warmup");
+    if (args.has("warmup")) o.stage[s].warmup = args.number("warmup");
   }
+  if (args.has("paper-defects")) {
+    auto defects = args.str_list("paper-defects");
+    if (defects == std::vector<std::string>{"all"}) defects = paper_defect_names();
+    apply_paper_defects(o, defects);
+  }
+  if (args.has("mixer-config")) o.mixer_overrides = parse_mixer_overrides(args.str("mixer-config"));
   if (args.has("stage2-loss")) o.stage2_loss = args.str("stage2-loss");
   if (args.has("kl-reduction")) o.kl_reduction = args.str("kl-reduction");
   o.ce_weight = args.number("ce-weight");
@@ -108,6 +141,8 @@ int cmd_distill(const std::vector<std::string>& argv) {
   o.loop = loop_options(args);
   if (args.str("recipe") == "instruct") {
     if (!args.has("sft-data")) throw Error("--recipe instruct needs --sft-data FILE (jsonl conversations)");
+    // Stages 1-2 spend the whole budget, as the study's instruct configuration (0.2 | 0.8).
+    if (!args.has("splits")) o.splits = {0.2, 0.8, 0.0};
     SftOptions s = sft_settings(args);
     s.data = args.str("sft-data");
     s.seq_len = args.integer("sft-seq-len");

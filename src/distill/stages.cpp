@@ -1,5 +1,6 @@
 #include "distill/stages.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
@@ -17,20 +18,48 @@ namespace linearize {
 
 namespace fs = std::filesystem;
 
+std::vector<std::string> paper_defect_names() { return {"gqa", "kda_gate", "kl_batchmean", "stage2_lr", "bf16_weights"}; }
+
 void apply_distill_preset(DistillOptions& o, const std::string& preset) {
   if (preset == "paper") {
     o.stage2_loss = "l2";
-    o.stage[1].schedule = "constant";  // the study's stage-2 LR never decays
-    o.kl_reduction = "batchmean";
+    o.stage2_final_norm_target = true;
+    // Hugging Face's get_wsd_schedule as the study calls it: 10% warmup (20% in stage 2), cosine decay over
+    // the last 10% to 1e-4 of the peak.
+    for (int s : {0, 1}) o.stage[s] = {o.stage[s].lr, "wsd", s == 0 ? 0.1 : 0.2, 0.1, true, 1e-4};
   } else if (preset == "default") {
     o.stage2_loss = "mse";
-    o.stage[1].schedule = "wsd";
-    o.kl_reduction = "token_mean";
+    o.stage2_final_norm_target = false;
+    for (int s : {0, 1}) o.stage[s] = {o.stage[s].lr, "wsd", 0.1, 0.2, false, 0.0};
   } else {
     throw Error("unknown preset \"" + preset + "\" (expected default or paper)");
   }
+  o.kl_reduction = "token_mean";
   o.preset = preset;
 }
+
+void apply_paper_defects(DistillOptions& o, const std::vector<std::string>& defects) {
+  const auto known = paper_defect_names();
+  for (const auto& d : defects) {
+    if (std::find(known.begin(), known.end(), d) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      throw Error("--paper-defects: unknown defect \"" + d + "\" (known: " + list + ")");
+    }
+    if (std::count(defects.begin(), defects.end(), d) > 1) throw Error("--paper-defects: \"" + d + "\" given twice");
+    if (d == "kl_batchmean") o.kl_reduction = "batchmean";
+    if (d == "stage2_lr") o.stage[1].schedule = "constant";
+  }
+  o.defects = defects;
+}
+
+namespace {
+
+bool has_defect(const DistillOptions& o, const std::string& d) {
+  return std::find(o.defects.begin(), o.defects.end(), d) != o.defects.end();
+}
+
+}  // namespace
 
 namespace {
 
@@ -57,6 +86,19 @@ std::vector<std::pair<std::string, torch::Tensor>> params_with_prefix(torch::nn:
 }
 
 }  // namespace
+
+torch::Tensor stage2_loss(const DistillOptions& o, CausalLM& student, const Trace& trace,
+                          const std::vector<int64_t>& layers) {
+  const int64_t last = student->num_layers() - 1;
+  torch::Tensor loss = torch::zeros({}, torch::TensorOptions().device(trace.layer_in.front().device()));
+  for (int64_t l : layers) {
+    auto out = student->layer(l)->forward(trace.layer_in[l], nullptr).to(torch::kFloat);
+    const auto& target = o.stage2_final_norm_target && l == last ? trace.final_norm_out : trace.layer_out[l];
+    auto diff = out - target.to(torch::kFloat);  // [B,T,hidden]
+    loss = loss + (o.stage2_loss == "l2" ? diff.norm(2, -1).mean() : diff.pow(2).mean());
+  }
+  return loss;
+}
 
 torch::Tensor stage3_loss(const DistillOptions& o, const torch::Tensor& s_logits, const torch::Tensor& t_logits,
                           const torch::Tensor& targets) {
@@ -91,8 +133,9 @@ DistillResult distill(const DistillOptions& o) {
 
   LoadOptions lo;
   lo.device = o.loop.device;
-  // On CUDA the teacher runs in bf16 (it only does inference); the student trains from fp32 weights.
-  if (lo.device.is_cuda()) lo.dtype = torch::kBFloat16;
+  lo.dtype = torch::kFloat;
+  // On CUDA the teacher runs in bf16 (it only does inference), cast once the student is built from it.
+  const auto teacher_dtype = lo.device.is_cuda() ? torch::kBFloat16 : torch::kFloat;
   auto teacher = load_model(o.teacher, lo);
   if (teacher->config.raw.contains("linearize"))
     throw Error(o.teacher + ": the teacher is itself a linearized student; give a Llama teacher folder");
@@ -105,10 +148,21 @@ DistillResult distill(const DistillOptions& o) {
   auto ranges = split_stream(static_cast<int64_t>(tokens.size()), o.splits);
 
   auto spec = StudentSpec::make(o.mixer, o.preset, o.layers, teacher->config);
+  if (has_defect(o, "kda_gate") && spec.mixer_config.kind == "kda") spec.mixer_config.kda_gate_mode = "add_in_norm";
+  spec.mixer_config = spec.mixer_config.with_overrides(o.mixer_overrides);
+  spec.study_gqa_unroll = has_defect(o, "gqa");
+  spec.defects = o.defects;
   torch::manual_seed(static_cast<int64_t>(o.loop.seed));
   std::vector<std::string> notes;
-  auto student = build_student(teacher, spec, &notes);
-  student->to(torch::kFloat);  // fp32 master weights (the teacher may be bf16)
+  // fp32 master weights, built from the fp32 teacher; only then is the teacher cast for inference.
+  auto student = build_student(teacher, spec, &notes, torch::kFloat);
+  if (has_defect(o, "bf16_weights")) {
+    // The study: weights only in bf16, the teacher loaded in bf16 too (so its states feed the student as they are).
+    student->to(torch::kBFloat16);
+    teacher->to(torch::kBFloat16);
+  } else if (teacher_dtype != torch::kFloat) {
+    teacher->to(teacher_dtype);
+  }
   student->recompute = o.loop.recompute;
   student->train();
   if (!o.loop.quiet) {
@@ -135,6 +189,9 @@ DistillResult distill(const DistillOptions& o) {
     loop.schedule.lr = o.stage[s - 1].lr;
     loop.schedule.kind = o.stage[s - 1].schedule;
     loop.schedule.warmup_frac = o.stage[s - 1].warmup;
+    loop.schedule.decay_frac = o.stage[s - 1].decay;
+    loop.schedule.cosine_decay = o.stage[s - 1].cosine_decay;
+    loop.schedule.min_lr_frac = o.stage[s - 1].min_lr_frac;
     const int64_t stage_tokens = o.tokens > 0 ? static_cast<int64_t>(o.tokens * o.splits[s - 1] /
                                                                       (o.splits[0] + o.splits[1] + o.splits[2]))
                                               : ranges[s - 1].size();
@@ -169,14 +226,7 @@ DistillResult distill(const DistillOptions& o) {
       for (int64_t l : replaced) prefixes.push_back("model.layers." + std::to_string(l) + ".");
       step = [&, replaced](const torch::Tensor& batch) {
         auto x = batch.narrow(1, 0, o.seq_len);
-        auto trace = teacher_trace(teacher, x);
-        torch::Tensor loss = torch::zeros({}, torch::TensorOptions().device(x.device()));
-        for (int64_t l : replaced) {
-          auto out = student->layer(l)->forward(trace.layer_in[l], nullptr).to(torch::kFloat);
-          auto diff = out - trace.layer_out[l].to(torch::kFloat);
-          loss = loss + (o.stage2_loss == "l2" ? diff.norm() : diff.pow(2).mean());
-        }
-        return loss;
+        return stage2_loss(o, student, teacher_trace(teacher, x), replaced);
       };
     } else {
       step = [&](const torch::Tensor& batch) {

@@ -13,15 +13,18 @@ bool StudentSpec::replaces(int64_t layer) const {
 }
 
 nlohmann::json StudentSpec::to_json() const {
-  return {{"mixer", mixer}, {"preset", preset}, {"layers", layers}, {"mixer_config", mixer_config.to_json()}};
+  nlohmann::json j = {{"mixer", mixer}, {"preset", preset}, {"layers", layers}, {"mixer_config", mixer_config.to_json()}};
+  if (!defects.empty()) j["defects"] = defects;
+  return j;
 }
 
 StudentSpec StudentSpec::from_json(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) throw Error(source + ": \"linearize\" must be an object");
   for (auto it = j.begin(); it != j.end(); ++it)
-    if (it.key() != "mixer" && it.key() != "preset" && it.key() != "layers" && it.key() != "mixer_config")
+    if (it.key() != "mixer" && it.key() != "preset" && it.key() != "layers" && it.key() != "mixer_config" &&
+        it.key() != "defects")
       throw Error(source + ": unknown key \"" + it.key() + "\" in the \"linearize\" section "
-                  "(expected mixer, preset, layers, mixer_config)");
+                  "(expected mixer, preset, layers, mixer_config, defects)");
   if (!j.contains("mixer") || !j["mixer"].is_string())
     throw Error(source + ": the \"linearize\" section has no \"mixer\" name");
   if (!j.contains("mixer_config")) throw Error(source + ": the \"linearize\" section has no \"mixer_config\"");
@@ -29,6 +32,7 @@ StudentSpec StudentSpec::from_json(const nlohmann::json& j, const std::string& s
   s.mixer = j["mixer"].get<std::string>();
   s.preset = j.value("preset", std::string("default"));
   if (j.contains("layers")) s.layers = j["layers"].get<std::vector<int64_t>>();
+  if (j.contains("defects")) s.defects = j["defects"].get<std::vector<std::string>>();
   try {
     s.mixer_config = MixerConfig::from_json(j["mixer_config"]).resolve();
   } catch (const Error& e) {
@@ -62,7 +66,8 @@ MixerFactory student_factory(const LlamaConfig& config, const StudentSpec& spec)
   };
 }
 
-CausalLM build_student(CausalLM& teacher, const StudentSpec& spec, std::vector<std::string>* notes) {
+CausalLM build_student(CausalLM& teacher, const StudentSpec& spec, std::vector<std::string>* notes,
+                       std::optional<torch::ScalarType> dtype) {
   const auto& c = teacher->config;
   CausalLM student(c, student_factory(c, spec));
   auto teacher_params = teacher->named_parameters(true);
@@ -74,12 +79,12 @@ CausalLM build_student(CausalLM& teacher, const StudentSpec& spec, std::vector<s
     if (!spec.replaces(i)) continue;
     const auto* attn = dynamic_cast<const LlamaAttention*>(teacher->layer(i)->mixer.get());
     if (!attn) throw Error("build_student: teacher layer " + std::to_string(i) + " is not softmax attention");
-    auto lines = init_mixer_from_teacher(*student->layer(i)->mixer, *attn, spec.mixer_config);
+    auto lines = init_mixer_from_teacher(*student->layer(i)->mixer, *attn, spec.mixer_config, spec.study_gqa_unroll);
     if (notes)
       for (auto& l : lines) notes->push_back("layer " + std::to_string(i) + ": " + l);
   }
   auto w = teacher->lm_head_weight();
-  student->to(w.device(), w.scalar_type());
+  student->to(w.device(), dtype.value_or(w.scalar_type()));
   return student;
 }
 

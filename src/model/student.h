@@ -4,13 +4,14 @@
 // has no native GQA; see model/mixers/factory.h).
 //
 // On disk a student is a Hugging Face-style folder: config.json = the teacher's fields plus a
-// "linearize" section {"mixer", "preset", "layers", "mixer_config"}; model.safetensors with the
+// "linearize" section {"mixer", "preset", "layers", "mixer_config", "defects"}; model.safetensors with the
 // teacher's names for shared parts (model.layers.{i}.mlp..., model.norm.weight) and the reference
 // (fla / xLSTM) names under each replaced layer's mixer, model.layers.{i}.attn.<name>; softmax
 // layers that stay keep model.layers.{i}.self_attn.*.
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ struct StudentSpec {
   std::string preset = "default";  // default | paper
   std::vector<int64_t> layers;     // replaced layers; empty = all
   MixerConfig mixer_config;        // resolved settings of every replaced layer
+  bool study_gqa_unroll = false;   // K/V copied with the study's 32-row unroll (the gqa defect)
+  std::vector<std::string> defects;  // the study's defects it was trained with, for the record
 
   bool replaces(int64_t layer) const;
   nlohmann::json to_json() const;  // the config.json "linearize" section
@@ -37,8 +40,11 @@ struct StudentSpec {
 MixerFactory student_factory(const LlamaConfig& config, const StudentSpec& spec);
 
 // Builds a student from a teacher in memory (weights copied, mixers initialised from the teacher).
-// Returns the student on the teacher's device and dtype; `notes` receives the init report when given.
-CausalLM build_student(CausalLM& teacher, const StudentSpec& spec, std::vector<std::string>* notes = nullptr);
+// Returns the student on the teacher's device, in `dtype` (default: the teacher's); fresh weights are
+// drawn in fp32 and never pass through a narrower type on the way to `dtype`. `notes` receives the
+// init report when given.
+CausalLM build_student(CausalLM& teacher, const StudentSpec& spec, std::vector<std::string>* notes = nullptr,
+                       std::optional<torch::ScalarType> dtype = std::nullopt);
 
 // config.json fields of a student (the teacher's plus the "linearize" section).
 nlohmann::json student_config_json(const CausalLM& student, const StudentSpec& spec);

@@ -24,8 +24,9 @@ double Schedule::at(int64_t step) const {
   if (kind == "wsd") {
     const double decay_start = total - std::floor(decay_frac * total);
     if (s < decay_start) return lr;
-    const double p = (s - decay_start + 1) / std::max(1.0, total - decay_start);
-    return lr + (min_lr - lr) * std::min(1.0, p);
+    const double p = std::min(1.0, (s - decay_start + 1) / std::max(1.0, total - decay_start));
+    if (cosine_decay) return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * p));
+    return lr + (min_lr - lr) * p;
   }
   const double p = std::min(1.0, (s - warmup + 1) / std::max(1.0, total - warmup));
   if (kind == "linear") return lr + (min_lr - lr) * p;

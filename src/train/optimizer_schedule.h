@@ -1,6 +1,7 @@
 // AdamW with the usual two parameter groups (weight decay on matrices; none on norms, biases and
 // gate parameters such as A_log and dt_bias) and the learning-rate schedules of the pipeline:
-//   wsd       linear warmup, constant, linear decay over the last `decay_frac` of the steps
+//   wsd       linear warmup, constant, then a linear (or, with cosine_decay, half-cosine as Hugging Face's
+//             get_wsd_schedule) decay to min_lr_frac * lr over the last `decay_frac` of the steps
 //   cosine    linear warmup, cosine decay to min_lr_frac * lr
 //   linear    linear warmup, linear decay to min_lr_frac * lr
 //   constant  linear warmup, then constant (the study's stage 2)
@@ -17,7 +18,8 @@ struct Schedule {
   std::string kind = "wsd";
   double lr = 3e-4;
   double warmup_frac = 0.1;
-  double decay_frac = 0.2;  // wsd only
+  double decay_frac = 0.2;     // wsd only
+  bool cosine_decay = false;   // wsd only
   double min_lr_frac = 0.0;
   int64_t total_steps = 1;
   // Learning rate for 0-based step `step` (the LR the optimizer uses for that step).
