@@ -417,3 +417,31 @@ TEST(BpeTrainerCli, TrainCommand) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("unknown subcommand"), std::string::npos) << r.out;
 }
+
+// Without isolate_digits, digit runs are pre-tokens of their own and merge like words: the written
+// tokenizer has no Digits pre-tokenizer, merges digit pairs, and still round-trips.
+TEST(BpeTrainer, DigitRunsMergeWithoutIsolation) {
+  BpeTrainOptions o;
+  o.vocab_size = 600;
+  o.isolate_digits = false;
+  std::mt19937_64 rng(3);
+  std::vector<std::string> texts;
+  for (int i = 0; i < 400; ++i) texts.push_back("the code is " + std::to_string(1000000 + rng() % 9000000) + ".");
+  TrainedBpe b = linearize::train_bpe_texts(texts, o);
+  EXPECT_FALSE(b.isolate_digits);
+  const std::string dir = tmp_dir("digit_runs");
+  b.save(dir);
+  const auto j = nlohmann::json::parse(slurp(dir + "/tokenizer.json"));
+  EXPECT_EQ(j["pre_tokenizer"]["type"], "ByteLevel") << j["pre_tokenizer"].dump();
+  int multi_digit = 0;
+  for (size_t i = 259; i < b.vocab.size(); ++i) {
+    int digits = 0;
+    for (char c : b.vocab[i]) digits += c >= '0' && c <= '9';
+    multi_digit += digits >= 2;
+  }
+  EXPECT_GT(multi_digit, 50);
+  auto tok = linearize::load_tokenizer(dir);
+  const std::string text = "the code is 4817263.";
+  EXPECT_EQ(tok->decode(tok->encode(text, false)), text);
+  EXPECT_LT(tok->encode(" 4817263", false).size(), 6u);  // fewer ids than the 8 bytes
+}

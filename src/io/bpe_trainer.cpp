@@ -41,8 +41,8 @@ struct StopReading {};
 // Pre-token frequencies over a stream of texts, with the byte budget.
 class WordCounter {
  public:
-  WordCounter(int64_t max_bytes, const std::function<void(const std::string&)>& progress)
-      : max_bytes_(max_bytes), progress_(progress) {}
+  WordCounter(int64_t max_bytes, bool isolate_digits, const std::function<void(const std::string&)>& progress)
+      : max_bytes_(max_bytes), isolate_digits_(isolate_digits), progress_(progress) {}
 
   // Counts the pre-tokens of one sequence; throws StopReading when the budget is used up.
   void add(std::string text) {
@@ -57,7 +57,7 @@ class WordCounter {
       last = true;
     }
     bytes_ += static_cast<int64_t>(text.size());
-    for (std::string& piece : pretokenize_smollm2(text)) {
+    for (std::string& piece : isolate_digits_ ? pretokenize_smollm2(text) : pretokenize_gpt2(text)) {
       ++counts_[std::move(piece)];
       ++total_;
     }
@@ -75,6 +75,7 @@ class WordCounter {
 
  private:
   int64_t max_bytes_;
+  bool isolate_digits_;
   const std::function<void(const std::string&)>& progress_;
   int64_t bytes_ = 0, total_ = 0, next_report_ = 64 << 20;
   std::unordered_map<std::string, int64_t> counts_;
@@ -153,6 +154,7 @@ TrainedBpe train_from_counts(const WordCounter& counter, const BpeTrainOptions& 
     out.vocab.push_back(s);
   }
   out.num_special = static_cast<int64_t>(out.vocab.size());
+  out.isolate_digits = options.isolate_digits;
   std::vector<int> bytes(kNumBytes);
   for (int b = 0; b < kNumBytes; ++b) bytes[b] = b;
   std::sort(bytes.begin(), bytes.end(), [](int x, int y) {
@@ -321,7 +323,7 @@ TrainedBpe train_bpe(const std::vector<std::string>& files, const BpeTrainOption
       throw Error(path + ": expected a readable .txt or .jsonl file, found " +
                   (std::filesystem::exists(path, ec) ? "something else (a folder?)" : "nothing"));
   }
-  WordCounter counter(options.max_bytes, options.progress);
+  WordCounter counter(options.max_bytes, options.isolate_digits, options.progress);
   try {
     for (const auto& path : files) {
       if (ends_with(path, ".jsonl")) count_jsonl_file(path, options.jsonl_field, counter);
@@ -336,7 +338,7 @@ TrainedBpe train_bpe(const std::vector<std::string>& files, const BpeTrainOption
 
 TrainedBpe train_bpe_texts(const std::vector<std::string>& texts, const BpeTrainOptions& options) {
   check_options(options);
-  WordCounter counter(options.max_bytes, options.progress);
+  WordCounter counter(options.max_bytes, options.isolate_digits, options.progress);
   try {
     for (const auto& t : texts) counter.add(t);
   } catch (const StopReading&) {
@@ -350,7 +352,7 @@ void TrainedBpe::save(const std::string& dir) const {
   if (ec) throw Error(dir + ": cannot create folder (" + ec.message() + ")");
   std::vector<AddedToken> added;
   for (int64_t i = 0; i < num_special; ++i) added.push_back(AddedToken{vocab[i], static_cast<int32_t>(i), true});
-  write_tokenizer_json(dir + "/tokenizer.json", vocab, merges, added, /*isolate_digits=*/true);
+  write_tokenizer_json(dir + "/tokenizer.json", vocab, merges, added, isolate_digits);
 
   // tokenizer_config.json as SmolLM2's base model has it: <|endoftext|> is bos, eos, unk and pad.
   nlohmann::ordered_json cfg;

@@ -30,6 +30,7 @@ struct BpeTrainOptions {
   int64_t min_frequency = 2;           // a pair counted fewer times than this is never merged
   int64_t max_bytes = -1;              // read at most this many bytes of text in all (-1: everything)
   std::string jsonl_field = "text";    // field holding the text in .jsonl files
+  bool isolate_digits = true;          // SmolLM2's Digits(individual) pre-tokenizer; false: digit runs merge
   // Progress lines ("counted ... words", "merges ..."); null = quiet.
   std::function<void(const std::string&)> progress;
 };
@@ -38,6 +39,7 @@ struct TrainedBpe {
   std::vector<std::string> vocab;                            // byte-level string of each id
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order
   int64_t num_special = 0;                                   // ids [0, num_special) are special
+  bool isolate_digits = true;                                // the pre-tokenizer it was trained with
   int64_t bytes_read = 0, words_total = 0, words_distinct = 0;
 
   // Writes dir/tokenizer.json (Hugging Face layout, read by BpeTokenizer and HF tokenizers) and

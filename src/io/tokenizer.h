@@ -31,6 +31,10 @@ class Tokenizer {
   // Id of a token given by its vocabulary string (e.g. "<|endoftext|>", "<s>"), if present.
   virtual std::optional<int32_t> token_to_id(const std::string& token) const = 0;
 
+  // Whether encoding a text in pieces cut after "c\n" (c and the next character printable ASCII, not
+  // spaces) gives the ids of encoding it whole (data/text_stream.h splits large files there).
+  virtual bool safe_to_split_at_newlines() const { return false; }
+
   // "bpe" or "sentencepiece", and the file it was loaded from.
   virtual std::string kind() const = 0;
   virtual std::string source() const = 0;

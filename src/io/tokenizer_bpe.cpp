@@ -667,6 +667,15 @@ std::optional<int32_t> BpeTokenizer::token_to_id(const std::string& token) const
 }
 
 // ---------------------------------------------------------------------------------------------
+bool BpeTokenizer::safe_to_split_at_newlines() const {
+  for (const auto& s : pre_steps_) {
+    const bool digits = s.kind == BpePreStep::Kind::kSplitIsolated && s.describe.rfind("Digits", 0) == 0;
+    const bool gpt2 = s.kind == BpePreStep::Kind::kByteLevel && s.regex && !s.add_prefix_space;
+    if (!digits && !gpt2) return false;
+  }
+  return !pre_steps_.empty();
+}
+
 // Byte-level helpers and the tokenizer.json writer
 
 const std::string& byte_level_symbol(uint8_t byte) { return byte_map().symbol[byte]; }
@@ -683,6 +692,13 @@ std::vector<std::string> pretokenize_smollm2(const std::string& text) {
   std::vector<std::string> out;
   out.reserve(split.size() * 2);
   for (const std::string& p : split) split_isolated(p, gpt2, out);
+  return out;
+}
+
+std::vector<std::string> pretokenize_gpt2(const std::string& text) {
+  static const BpeRegex gpt2(kGpt2Pattern, false, "pretokenize_gpt2");
+  std::vector<std::string> out;
+  split_isolated(utf8::is_valid(text) ? text : utf8::sanitize(text), gpt2, out);
   return out;
 }
 

@@ -64,6 +64,8 @@ std::string byte_level_encode(const std::string& bytes);
 // byte-level encoded); concatenated they give the sanitised text. Used by the BPE trainer so it splits
 // text exactly as BpeTokenizer::encode does for a tokenizer written with isolate_digits.
 std::vector<std::string> pretokenize_smollm2(const std::string& text);
+// The ByteLevel GPT-2 regex alone (a tokenizer written without isolate_digits: digit runs stay together).
+std::vector<std::string> pretokenize_gpt2(const std::string& text);
 
 // Writes a standard tokenizer.json (the layout of SmolLM2's: no normalizer, Digits(individual) when
 // isolate_digits, then ByteLevel; BPE model with [a, b] merges; ByteLevel decoder) that both this
@@ -97,6 +99,8 @@ class BpeTokenizer : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(id_to_token_.size()); }
   std::optional<int32_t> token_to_id(const std::string& token) const override;
   std::string kind() const override { return "bpe"; }
+  // True when every pre-tokenization step is Digits or the ByteLevel GPT-2 regex and no normalizer runs.
+  bool safe_to_split_at_newlines() const override;
   std::string source() const override { return source_; }
 
   int64_t num_merges() const { return static_cast<int64_t>(merge_ranks_.size()); }
