@@ -11,6 +11,7 @@ PACKAGES=(
   libtorch-dev libopenblas-dev       # libtorch 1.13 (CPU); OpenBLAS or matrix products run 30x slower
   nlohmann-json3-dev libpcre2-dev libsentencepiece-dev
   libbz2-dev                         # reading the HellaSwag .txt.bz2 evaluation file
+  zlib1g-dev libzstd-dev             # .gz and .zst corpora (linearize tokenize)
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev                        # c10d's Gloo process group (data-parallel training on CPU)
 )

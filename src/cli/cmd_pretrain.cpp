@@ -24,7 +24,8 @@ int cmd_pretrain(const std::vector<std::string>& argv) {
                     {"intermediate", "N", "MLP size (default: 8/3 hidden rounded up to 32)"},
                     {"rope-theta", "X", "RoPE base", "10000"},
                     {"steps", "N", "optimizer steps", "1000"},
-                    {"tokens", "N", "total training tokens (overrides --steps)"}},
+                    {"tokens", "N", "total training tokens (overrides --steps)"},
+                    {"init", "DIR", "continue training a model folder (its shape; --hidden etc. are ignored)"}},
                    0, 0};
   for (auto& o : training_options("1e-3", "cosine")) spec.options.push_back(o);
   Args args(spec, argv);
@@ -42,6 +43,7 @@ int cmd_pretrain(const std::vector<std::string>& argv) {
   o.rope_theta = args.number("rope-theta");
   o.seq_len = args.integer("seq-len");
   if (args.has("tokens")) o.tokens = args.integer("tokens");
+  if (args.has("init")) o.init_from = args.str("init");
   o.loop = loop_options(args);
   o.loop.steps = args.integer("steps");
   o.loop.run_dir = o.out;

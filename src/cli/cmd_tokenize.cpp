@@ -1,27 +1,37 @@
 // linearize tokenize: ids of a text, or a token shard (.u32) from text/jsonl files.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <iostream>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "io/error.h"
 #include "io/hf_config.h"
-#include "io/token_shards.h"
+#include "data/tokenize_stream.h"
 
 namespace linearize::cli {
 
 int cmd_tokenize(const std::vector<std::string>& argv) {
   CommandSpec spec{
       "tokenize",
-      "Print the token ids of a text, or tokenize files into a token shard (little-endian uint32,\n"
-      "documents separated by the EOS id).",
+      "Print the token ids of a text, or tokenize files of any size into a token dataset: a folder of\n"
+      "numbered shards (little-endian uint32 ids, documents separated by the EOS id) with index.json,\n"
+      "which training reads memory-mapped; or one .u32 shard. Inputs are streamed (.txt: one document\n"
+      "per file; .jsonl: one per line; either may be .gz or .zst compressed) and encoded by several\n"
+      "threads; memory stays bounded. A folder left by an interrupted run is cleaned and started again.",
       "",
       "examples:\n  linearize tokenize --tokenizer MODEL_DIR --text \"Hello world\" --json\n"
+      "  linearize tokenize --tokenizer MODEL_DIR --input 'corpus/*.jsonl.zst' --output tokens/\n"
       "  linearize tokenize --tokenizer MODEL_DIR --input a.txt,b.jsonl --output train.u32",
       {{"tokenizer", "DIR|FILE", "model folder or tokenizer file (tokenizer.json / tokenizer.model)", "", true},
        {"text", "TEXT", "text to tokenize (special tokens in it are recognised)"},
        {"json", "", "print ids as a JSON array"},
-       {"input", "FILES", "comma-separated .txt (one document each) or .jsonl files"},
-       {"output", "FILE.u32", "token shard to write (with --input)"},
+       {"input", "FILES", "comma-separated .txt / .jsonl files (.gz, .zst) or globs ('data/*.jsonl.gz')"},
+       {"output", "DIR|FILE.u32", "dataset folder (shards + index.json), or one .u32 shard"},
+       {"shard-tokens", "N", "tokens per shard", "268435456"},
+       {"threads", "N", "encoding threads (default: the machine's cores)"},
        {"field", "NAME", "jsonl field holding the text", "text"},
        {"eos", "ID", "document separator id (default: the model's eos_token_id, else <|endoftext|>)"}},
       0, 0};
@@ -56,11 +66,27 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
       else throw Error("linearize tokenize: no EOS id known for this tokenizer; pass --eos ID");
     }
   }
-  auto files = args.str_list("input");
-  auto ids = tokenize_documents(*tok, files, eos, args.str("field"));
-  write_token_shard(args.str("output"), ids);
-  std::cerr << "wrote " << ids.size() << " tokens from " << files.size() << " file(s) to " << args.str("output")
-            << " (eos " << eos << ")\n";
+  TokenizeOptions o;
+  o.inputs = expand_inputs(args.str_list("input"));
+  o.output = args.str("output");
+  o.eos_id = eos;
+  o.field = args.str("field");
+  o.shard_tokens = args.integer("shard-tokens");
+  if (args.has("threads")) o.threads = static_cast<int>(args.integer("threads"));
+  if (args.has("threads") && o.threads < 1) throw Error("--threads must be at least 1");
+  o.tokenizer_source = tok_path;
+  o.progress = [](const TokenizeProgress& p) {
+    const double s = std::max(p.seconds, 1e-9);
+    std::fprintf(stderr, "\r[tokenize] %.0f MB, %lld tokens, %lld documents, %.1f MB/s, %.2fM tokens/s%s", p.bytes / 1e6,
+                 static_cast<long long>(p.tokens), static_cast<long long>(p.documents), p.bytes / 1e6 / s,
+                 p.tokens / 1e6 / s, p.done ? "\n" : "");
+  };
+  const auto r = tokenize_to_dataset(*tok, o);
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  std::cerr << "wrote " << r.tokens << " tokens of " << r.documents << " documents from " << o.inputs.size()
+            << " file(s) to " << o.output << " (eos " << eos << ") in " << r.seconds << " s; peak RSS "
+            << ru.ru_maxrss / 1024 << " MiB\n";
   return 0;
 }
 

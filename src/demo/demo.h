@@ -1,5 +1,5 @@
 // `linearize demo`: the whole study in miniature with nothing downloaded.
-//   1. generate English-like training text with planted key-value facts (demo/corpus.h), held-out
+//   1. generate English-like training text with planted key-value facts (data/synthetic_text.h), held-out
 //      documents and a recall test set at context lengths 128 .. 2048 tokens;
 //   2. train a byte-level BPE tokenizer on it and pretrain a small Llama teacher;
 //   3. linearize the teacher into all seven mixers (three stages, small budgets);

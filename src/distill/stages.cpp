@@ -13,6 +13,7 @@
 #include "ops/ops.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
+#include "train/training_data.h"
 
 namespace linearize {
 
@@ -141,11 +142,11 @@ DistillResult distill(const DistillOptions& o) {
     throw Error(o.teacher + ": the teacher is itself a linearized student; give a Llama teacher folder");
   teacher->eval();
   for (auto& p : teacher->parameters()) p.set_requires_grad(false);
-  std::unique_ptr<Tokenizer> tok;
-  if (o.data.size() < 4 || o.data.substr(o.data.size() - 4) != ".u32") tok = load_tokenizer(o.teacher);
+  auto tok = load_tokenizer(o.teacher);
   const int64_t eos = teacher->config.eos_token_ids.empty() ? -1 : teacher->config.eos_token_ids[0];
-  auto tokens = load_tokens(o.data, tok.get(), eos, teacher->config.vocab_size);
-  auto ranges = split_stream(static_cast<int64_t>(tokens.size()), o.splits);
+  const auto data = TrainingData::open(o.data, *tok, eos, teacher->config.vocab_size, o.teacher);
+  if (o.tokens <= 0 && data.file_tokens() == 0)
+    throw Error(o.data + ": only generated sources: give a token budget (--tokens)");
 
   auto spec = StudentSpec::make(o.mixer, o.preset, o.layers, teacher->config);
   if (has_defect(o, "kda_gate") && spec.mixer_config.kind == "kda") spec.mixer_config.kda_gate_mode = "add_in_norm";
@@ -168,7 +169,7 @@ DistillResult distill(const DistillOptions& o) {
   if (!o.loop.quiet) {
     std::cerr << "[distill] " << o.mixer << " (" << o.preset << ") from " << o.teacher << ": "
               << (spec.layers.empty() ? "all" : std::to_string(spec.layers.size())) << " layers replaced, "
-              << tokens.size() << " tokens\n";
+              << data.summary() << "\n";
     if (!notes.empty()) std::cerr << "[distill] init: " << notes.front() << (notes.size() > 1 ? " ..." : "") << "\n";
   }
   std::vector<int64_t> replaced;
@@ -176,10 +177,10 @@ DistillResult distill(const DistillOptions& o) {
     if (spec.replaces(i)) replaced.push_back(i);
 
   // Loaders for all requested stages are built first, so a slice shorter than one window fails now.
-  std::map<int, std::unique_ptr<WindowLoader>> loaders;
+  std::map<int, std::unique_ptr<BatchSource>> loaders;
   for (int s : o.stages)
-    loaders[s] = std::make_unique<WindowLoader>(tokens, ranges[s - 1], o.seq_len, o.loop.seed + s,
-                                                o.data + " (stage " + std::to_string(s) + " slice)");
+    loaders[s] = data.loader(o.splits, static_cast<size_t>(s - 1), o.seq_len, o.loop.seed + s,
+                             o.data + " (stage " + std::to_string(s) + " slice)");
 
   DistillResult result;
   for (int s : o.stages) {
@@ -194,7 +195,7 @@ DistillResult distill(const DistillOptions& o) {
     loop.schedule.min_lr_frac = o.stage[s - 1].min_lr_frac;
     const int64_t stage_tokens = o.tokens > 0 ? static_cast<int64_t>(o.tokens * o.splits[s - 1] /
                                                                       (o.splits[0] + o.splits[1] + o.splits[2]))
-                                              : ranges[s - 1].size();
+                                              : split_stream(data.file_tokens(), o.splits)[s - 1].size();
     loop.steps = std::max<int64_t>(1, stage_tokens / (loop.batch * o.seq_len));
     const std::string ckpt = (fs::path(o.out) / ("checkpoint-" + loop.name)).string();
     if (o.loop.resume && checkpoint_exists(ckpt) && read_checkpoint_state(ckpt).value("finished", false)) {

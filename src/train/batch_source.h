@@ -16,6 +16,11 @@ class BatchSource {
   virtual ~BatchSource() = default;
   // The next `rows` rows of the order, on `device`.
   virtual torch::Tensor next(int64_t rows, torch::Device device) = 0;
+  // Advances past the next `rows` rows but returns only [begin, begin + count) of them, on the CPU: a
+  // data-parallel rank reads only its own rows. By default all rows are made and sliced.
+  virtual torch::Tensor next_part(int64_t rows, int64_t begin, int64_t count) {
+    return next(rows, torch::kCPU).narrow(0, begin, count);
+  }
   // Tokens a row contributes to the tokens/s figure.
   virtual int64_t tokens_per_row() const = 0;
   virtual nlohmann::json position_json() const = 0;

@@ -4,11 +4,11 @@
 #include <iostream>
 
 #include "io/error.h"
-#include "io/token_shards.h"
 #include "io/tokenizer.h"
 #include "model/model_io.h"
 #include "ops/ops.h"
 #include "train/data_parallel.h"
+#include "train/training_data.h"
 
 namespace linearize {
 
@@ -44,8 +44,8 @@ double pretrain(const PretrainOptions& o) {
   c.eos_token_ids = {eos};
   c.raw = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}};
 
-  auto tokens = load_tokens(o.data, tok.get(), eos, c.vocab_size);
-  WindowLoader loader(tokens, {0, static_cast<int64_t>(tokens.size())}, o.seq_len, o.loop.seed, o.data);
+  const auto data = TrainingData::open(o.data, *tok, eos, c.vocab_size, o.tokenizer);
+  auto loader = data.loader({}, 0, o.seq_len, o.loop.seed, o.data);
   TrainLoopOptions loop = o.loop;
   loop.name = "pretrain";
   if (o.tokens > 0) loop.steps = std::max<int64_t>(1, o.tokens / (loop.batch * o.seq_len));
@@ -53,12 +53,25 @@ double pretrain(const PretrainOptions& o) {
 
   torch::manual_seed(static_cast<int64_t>(loop.seed));
   CausalLM model(c);
-  init_weights_normal(*model, o.init_std);
+  if (o.init_from.empty()) {
+    init_weights_normal(*model, o.init_std);
+  } else {
+    // Continued training: the folder's shape and weights (the shape options above are ignored).
+    model = load_model(o.init_from);
+    if (model->config.raw.contains("linearize"))
+      throw Error(o.init_from + ": --init takes a Llama model folder, not a linearized student");
+    if (model->config.vocab_size != c.vocab_size)
+      throw Error(o.init_from + ": its vocabulary (" + std::to_string(model->config.vocab_size) +
+                  " tokens) is not the tokenizer's (" + std::to_string(c.vocab_size) + ")");
+    c = model->config;
+    c.max_position_embeddings = std::max<int64_t>(c.max_position_embeddings, o.seq_len);
+    model->config.max_position_embeddings = c.max_position_embeddings;
+  }
   model->to(loop.device);
   model->recompute = loop.recompute;
   model->train();
   if (!loop.quiet)
-    std::cerr << "[pretrain] " << c.parameter_count() / 1e6 << "M parameters, " << tokens.size() << " tokens, "
+    std::cerr << "[pretrain] " << c.parameter_count() / 1e6 << "M parameters, " << data.summary() << ", "
               << loop.steps << " steps of " << loop.batch << " x " << o.seq_len << " tokens\n";
   std::vector<std::pair<std::string, torch::Tensor>> params;
   for (auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
@@ -67,7 +80,7 @@ double pretrain(const PretrainOptions& o) {
     auto logits = model->forward(x);
     return ops::cross_entropy_terms(logits.reshape({-1, c.vocab_size}), y.reshape({-1})).mean();
   };
-  auto r = run_training(*model, params, loader, step, loop);
+  auto r = run_training(*model, params, *loader, step, loop);
   if (!r.finished) return r.last_loss;  // stopped early (testing aid): the checkpoint holds the state
   model->eval();
   if (is_main_process()) save_model(model, o.out, o.tokenizer);

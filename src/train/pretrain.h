@@ -18,6 +18,7 @@ struct PretrainOptions {
   int64_t seq_len = 256;
   int64_t tokens = 0;  // total training tokens; sets steps when > 0
   double init_std = 0.02;
+  std::string init_from;  // a model folder to continue training from (its shape; the tokenizer must match)
   TrainLoopOptions loop;  // steps, batch, lr (schedule), device, resume, ...
 };
 

@@ -126,7 +126,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     set_learning_rate(*optimizer, lr);
     optimizer->zero_grad();
     // The global batch is drawn on every rank (the order depends only on the seed); each keeps its rows.
-    auto rows = loader.next(o.batch, torch::kCPU).narrow(0, rank * per_rank, per_rank);
+    auto rows = loader.next_part(o.batch, rank * per_rank, per_rank);
     // Summed where the loss lives and read once a step: a read per micro-batch would wait for each one's backward.
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(o.device));
     for (int64_t a = 0; a < o.grad_accum; ++a) {

@@ -1,6 +1,5 @@
-#include "demo/corpus.h"
+#include "data/synthetic_text.h"
 
-#include "io/tokenizer.h"
 
 namespace linearize {
 
@@ -44,7 +43,7 @@ std::string question_prefix(const Fact& f) {
 
 }  // namespace
 
-std::string demo_sentence(std::mt19937_64& rng) {
+std::string english_like_sentence(std::mt19937_64& rng) {
   switch (rng() % 4) {
     case 0:
       return pick(kSubjects, rng) + " " + pick(kVerbs, rng) + " " + pick(kObjects, rng) + " " + pick(kPlaces, rng) + ". ";
@@ -58,7 +57,7 @@ std::string demo_sentence(std::mt19937_64& rng) {
   }
 }
 
-std::string demo_document(std::mt19937_64& rng, int64_t sentences, int64_t facts) {
+std::string english_like_document(std::mt19937_64& rng, int64_t sentences, int64_t facts) {
   std::vector<Fact> planted;
   for (int64_t i = 0; i < facts; ++i) {
     Fact f{pick(kColours, rng) + " " + pick(kThings, rng), four_digits(rng)};
@@ -77,52 +76,20 @@ std::string demo_document(std::mt19937_64& rng, int64_t sentences, int64_t facts
   for (int64_t s = 0; s <= sentences; ++s) {
     for (const auto& [at, text] : inserts)
       if (at == s) doc += text;
-    if (s < sentences) doc += demo_sentence(rng);
+    if (s < sentences) doc += english_like_sentence(rng);
   }
   return doc;
 }
 
-std::vector<std::string> demo_documents(const DemoCorpusOptions& o) {
+std::vector<std::string> english_like_documents(const EnglishLikeOptions& o) {
   std::mt19937_64 rng(o.seed);
   std::vector<std::string> docs;
   for (int64_t d = 0; d < o.documents; ++d) {
     // Lengths vary so that fact-to-question distances cover short and long spans.
     const int64_t n = o.sentences_per_document / 2 + static_cast<int64_t>(rng() % (o.sentences_per_document + 1));
-    docs.push_back(demo_document(rng, n, o.facts_per_document));
+    docs.push_back(english_like_document(rng, n, o.facts_per_document));
   }
   return docs;
-}
-
-std::vector<RecallItem> demo_recall_items(const Tokenizer& tok, const std::vector<int64_t>& lengths,
-                                          int64_t per_length, uint64_t seed) {
-  std::vector<RecallItem> out;
-  std::mt19937_64 rng(seed * 7919 + 17);
-  for (int64_t len : lengths) {
-    for (int64_t i = 0; i < per_length; ++i) {
-      Fact f{pick(kColours, rng) + " " + pick(kThings, rng), four_digits(rng)};
-      const std::string head = fact_sentence(f), tail = question_prefix(f);
-      const int64_t fixed = static_cast<int64_t>(tok.encode(head + tail, false).size());
-      std::vector<std::string> filler;
-      int64_t filler_tokens = 0;
-      while (true) {
-        std::string s = demo_sentence(rng);
-        const int64_t n = static_cast<int64_t>(tok.encode(s, false).size());
-        if (fixed + filler_tokens + n > len) break;
-        filler.push_back(s);
-        filler_tokens += n;
-      }
-      // Pieces tokenized alone can differ by a token at their joins: trim until the whole fits.
-      auto joined = [&] {
-        std::string t = head;
-        for (const auto& s : filler) t += s;
-        return t + tail;
-      };
-      while (!filler.empty() && static_cast<int64_t>(tok.encode(joined(), false).size()) > len) filler.pop_back();
-      const std::string prompt = joined();
-      out.push_back({prompt, " " + f.value, len});
-    }
-  }
-  return out;
 }
 
 }  // namespace linearize
