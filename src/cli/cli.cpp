@@ -11,7 +11,7 @@ namespace linearize::cli {
 const std::vector<Command>& commands() {
   static const std::vector<Command> list = {
       {"info", "print a model folder's architecture, parameter count, dtype and tokenizer", cmd_info},
-      {"tokenize", "turn text into token ids, or text/jsonl files into a .u32 token shard", cmd_tokenize},
+      {"tokenize", "turn text into token ids, or text/jsonl corpora into sharded token datasets", cmd_tokenize},
       {"tokenizer", "tokenizer tools (tokenizer train: train a byte-level BPE on text files)", cmd_tokenizer},
       {"generate", "generate text from a teacher or student model, streaming", cmd_generate},
       {"pretrain", "train a Llama teacher from scratch", cmd_pretrain},
@@ -20,6 +20,7 @@ const std::vector<Command>& commands() {
       {"chat", "chat with a fine-tuned model in the terminal, streaming", cmd_chat},
       {"eval", "evaluate a model (eval ppl | tasks | niah | instruct | all)", cmd_eval},
       {"launch", "run pretrain/distill/sft data parallel, one process per device (c10d: NCCL or Gloo)", cmd_launch},
+      {"study", "run a grid of teachers x mixers x budgets and report the study's tables", cmd_study},
       {"report", "Markdown tables and SVG figures from eval results", cmd_report},
       {"demo", "run the built-in default job (see README)", cmd_demo},
   };

@@ -193,6 +193,7 @@ DistillResult distill(const DistillOptions& o) {
     loop.schedule.decay_frac = o.stage[s - 1].decay;
     loop.schedule.cosine_decay = o.stage[s - 1].cosine_decay;
     loop.schedule.min_lr_frac = o.stage[s - 1].min_lr_frac;
+    if (s != 3) loop.snapshot_steps.clear();  // snapshots are stage-3 branch points (study budgets)
     const int64_t stage_tokens = o.tokens > 0 ? static_cast<int64_t>(o.tokens * o.splits[s - 1] /
                                                                       (o.splits[0] + o.splits[1] + o.splits[2]))
                                               : split_stream(data.file_tokens(), o.splits)[s - 1].size();

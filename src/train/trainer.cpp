@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -56,6 +57,10 @@ void append_metrics(const std::string& run_dir, const nlohmann::json& record) {
   fs::create_directories(run_dir);
   std::ofstream out(fs::path(run_dir) / "metrics.jsonl", std::ios::app);
   out << record.dump() << "\n";
+}
+
+std::string snapshot_dir(const std::string& run_dir, const std::string& name, int64_t step) {
+  return (fs::path(run_dir) / ("checkpoint-" + name + "-step" + std::to_string(step))).string();
 }
 
 TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& trainable,
@@ -163,8 +168,17 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
                 << " tok/s  ETA " << format_duration(eta) << "\n";
     }
     const bool last = done == o.steps;
-    if (last || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0)) save(done, loss, last);
-    if (o.stop_after > 0 && done == o.stop_after && !last) {
+    const bool snapshot = std::find(o.snapshot_steps.begin(), o.snapshot_steps.end(), done) != o.snapshot_steps.end();
+    const bool out_of_time = o.deadline && std::chrono::steady_clock::now() >= *o.deadline && !last;
+    if (last || snapshot || out_of_time || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))
+      save(done, loss, last);
+    if (snapshot && main_rank && !ckpt.empty()) {
+      const std::string copy = snapshot_dir(o.run_dir, o.name, done);
+      fs::remove_all(copy);
+      fs::copy(ckpt, copy, fs::copy_options::recursive);
+    }
+    if ((o.stop_after > 0 && done == o.stop_after && !last) || out_of_time) {
+      if (out_of_time && !quiet) std::cerr << "[" << o.name << "] stopped at step " << done << " (time limit); checkpoint written\n";
       result.steps_done = done;
       return result;
     }

@@ -13,7 +13,9 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,11 @@ struct TrainLoopOptions {
   bool resume = false;         // continue from checkpoint-<name> when it exists
   int64_t stop_after = -1;     // testing aid: return right after this step, as if killed then
                                // (only the scheduled checkpoints have been written)
+  // A clean stop: once this time point has passed, the loop writes a checkpoint after the current step and
+  // returns unfinished (--max-minutes of `study`); --resume continues exactly.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  // Steps after which a copy of the checkpoint is kept as checkpoint-<name>-step<N> (WSD branch points).
+  std::vector<int64_t> snapshot_steps;
   torch::Device device = torch::kCPU;
   uint64_t seed = 0;
   bool quiet = false;
@@ -46,8 +53,11 @@ struct TrainLoopOptions {
 struct TrainResult {
   double last_loss = 0;
   int64_t steps_done = 0;
-  bool finished = false;  // false when stopped by stop_after
+  bool finished = false;  // false when stopped by stop_after or the deadline
 };
+
+// The folder of the snapshot kept after `step` (TrainLoopOptions::snapshot_steps).
+std::string snapshot_dir(const std::string& run_dir, const std::string& name, int64_t step);
 
 using StepFn = std::function<torch::Tensor(const torch::Tensor& micro_batch)>;
 

@@ -1,0 +1,103 @@
+// The built-in studies (`linearize study --preset NAME`): paper, mini, gpu. Each is written out as a JSON
+// file a user can copy and edit (`--write FILE`).
+#include <string>
+#include <vector>
+
+#include "io/error.h"
+#include "model/mixers/mixer_config.h"
+#include "study/study_spec.h"
+
+namespace linearize {
+
+namespace {
+
+// What the small teachers train on: RULER-form retrieval episodes (short ones first learned, longer ones
+// for reach) and English-like documents, generated as training goes; `corpus` (text files or token
+// datasets of real prose) shares a third of the weight when given.
+nlohmann::json small_mixture(const std::vector<std::string>& corpus) {
+  nlohmann::json sources = {
+      {{"generator", "retrieval_episodes"}, {"weight", 0.5}, {"min_chars", 0}, {"max_chars", 400}, {"max_needles", 1},
+       {"max_questions", 1}},
+      {{"generator", "retrieval_episodes"}, {"weight", 0.2}, {"min_chars", 300}, {"max_chars", 1600},
+       {"max_needles", 2}, {"max_questions", 2}},
+      {{"generator", "english_like"}, {"weight", corpus.empty() ? 0.3 : 0.05}}};
+  for (const auto& c : corpus) sources.push_back({{"path", c}, {"weight", 0.25 / static_cast<double>(corpus.size())}});
+  return {{"sources", sources}};
+}
+
+nlohmann::json teacher(const std::string& name, int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t seq,
+                       int64_t batch, int64_t steps, double lr) {
+  return {{"name", name},
+          {"pretrain",
+           {{"hidden", hidden}, {"layers", layers}, {"heads", heads}, {"kv_heads", kv}, {"seq_len", seq}, {"batch", batch},
+            {"steps", steps}, {"lr", lr}, {"schedule", "wsd"}, {"warmup", 0.01}}}};
+}
+
+}  // namespace
+
+nlohmann::json study_preset(const std::string& name, const std::vector<std::string>& teachers) {
+  const auto mixers = mixer_kinds();
+  if (name == "mini") {
+    // CPU, about 30 minutes on 2 cores: three tiny teachers of growing width, seven mixers each.
+    return {{"name", "mini"},
+            {"notes", "CPU preset: three tiny teachers trained by the study on generated text, seven mixers each."},
+            {"tokenizer", {{"train", {{"sample", {{"documents", 200}, {"episodes", 2000}}}, {"vocab", 1024}, {"isolate_digits", false}}}}},
+            {"data", small_mixture({})},
+            {"teachers",
+             {teacher("tiny-32", 32, 2, 2, 1, 256, 4, 3000, 3e-3), teacher("tiny-48", 48, 2, 4, 2, 256, 4, 3000, 3e-3),
+              teacher("tiny-64", 64, 2, 4, 2, 256, 4, 3000, 3e-3)}},
+            {"mixers", mixers},
+            {"budgets", {100000, 300000}},
+            {"distill", {{"seq_len", 256}, {"batch", 8}, {"lr", {3e-3, 2e-3, 1e-3}}}},
+            {"eval",
+             {{"ppl", {{"data", {{"generator", "english_like"}, {"documents", 30}}}, {"seq_len", 256}}},
+              {"niah", {{"tasks", {"s_niah_1"}}, {"lengths", {160, 256, 512}}, {"samples", 10}, {"max_new_tokens", 16}}}}},
+            {"device", "cpu"}};
+  }
+  if (name == "gpu") {
+    // One H100/H200: three teachers of about 10M, 40M and 150M parameters trained on prose of the shared
+    // corpus mixed with retrieval episodes; seven mixers each.
+    return {{"name", "gpu"},
+            {"notes", "GPU preset: teachers trained by the study on prose plus retrieval episodes; run with --device cuda."},
+            {"tokenizer", {{"train", {{"inputs", {"corpus/austen_emma.txt", "corpus/web_bible.txt", "corpus/tinystories_val.txt"}},
+                                      {"sample", {{"documents", 400}, {"episodes", 4000}}}, {"vocab", 8192}, {"isolate_digits", false}}}}},
+            {"data", small_mixture({"corpus/web_bible.txt", "corpus/austen_emma.txt", "corpus/tinystories_val.txt"})},
+            {"teachers",
+             {teacher("t-10m", 256, 6, 4, 2, 1024, 16, 4000, 1.5e-3), teacher("t-40m", 512, 8, 8, 4, 1024, 16, 4000, 1e-3),
+              teacher("t-150m", 768, 14, 12, 4, 1024, 16, 4000, 8e-4)}},
+            {"mixers", mixers},
+            {"budgets", {4000000, 16000000}},
+            {"distill", {{"seq_len", 1024}, {"batch", 16}, {"lr", {1e-3, 1e-3, 5e-4}}}},
+            {"eval",
+             {{"ppl", {{"data", "heldout/wikitext2.valid.txt"}, {"seq_len", 1024}, {"max_tokens", 200000}}},
+              {"niah", {{"tasks", {"s_niah_1"}}, {"lengths", {512, 1024, 2048, 4096}}, {"samples", 40}, {"max_new_tokens", 24}}}}},
+            {"device", "cuda"}};
+  }
+  if (name == "paper") {
+    // The study's own grid on the user's SmolLM2-135M/360M/1.7B folders and data (data/tokens: `linearize
+    // tokenize` of a fineweb-like corpus with the SmolLM2 tokenizer).
+    if (teachers.size() != 3)
+      throw Error("--preset paper needs --teachers A,B,C (the SmolLM2-135M, 360M and 1.7B folders), got " +
+                  std::to_string(teachers.size()));
+    return {{"name", "paper"},
+            {"notes", "The study's grid: 3B distillation tokens split 0.026|0.053|0.92, its evaluation suite."},
+            {"data", "tokens"},
+            {"teachers",
+             {{{"name", "smollm2-135m"}, {"path", teachers[0]}}, {{"name", "smollm2-360m"}, {"path", teachers[1]}},
+              {{"name", "smollm2-1.7b"}, {"path", teachers[2]}}}},
+            {"mixers", mixers},
+            {"variants", {{{"name", "paper"}, {"preset", "paper"}, {"splits", {0.026, 0.053, 0.92}}}}},
+            {"budgets", {3000000000LL}},
+            {"distill", {{"seq_len", 512}, {"batch", 64}, {"lr", {2e-4, 2e-3, 3e-4}}}},
+            {"eval",
+             {{"ppl", {{"data", "heldout/wikitext2.valid.txt"}, {"seq_len", 512}}},
+              {"tasks", {{"names", {"lambada", "arc_easy", "arc_challenge", "hellaswag", "piqa", "winogrande", "openbookqa"}},
+                         {"data_dir", "eval"}}},
+              {"niah", {{"tasks", {"s_niah_1", "s_niah_2", "s_niah_3"}}, {"lengths", {1024, 2048, 4096}}, {"samples", 500},
+                        {"max_new_tokens", 128}, {"haystack", "corpus/austen_emma.txt"}}}}},
+            {"device", "cuda"}};
+  }
+  throw Error("unknown study preset \"" + name + "\" (expected paper, mini or gpu)");
+}
+
+}  // namespace linearize

@@ -1,0 +1,140 @@
+// `linearize study` on a tiny grid, end to end on the CPU: two teachers the study trains x two mixers x two
+// budgets (one a WSD branch of the other): the result files, recovery matched to each student's own
+// teacher, the report's tables; a study stopped by its time limit and run again finishes with the results
+// of an uninterrupted one; bad study files fail at once with one clear line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "io/atomic_file.h"
+#include "io/error.h"
+#include "study/study.h"
+#include "test_util.h"
+
+using namespace linearize;
+namespace fs = std::filesystem;
+
+namespace {
+
+nlohmann::json tiny_study() {
+  auto teacher = [](const std::string& name, int64_t hidden) {
+    return nlohmann::json{{"name", name},
+                          {"pretrain",
+                           {{"hidden", hidden}, {"layers", 1}, {"heads", 2}, {"kv_heads", 1}, {"seq_len", 64},
+                            {"batch", 4}, {"steps", 30}, {"lr", 3e-3}}}};
+  };
+  return {{"name", "tiny"},
+          {"tokenizer", {{"train", {{"sample", {{"documents", 30}, {"episodes", 100}}}, {"vocab", 400}, {"isolate_digits", false}}}}},
+          {"data", {{"sources", {{{"generator", "retrieval_episodes"}, {"weight", 0.5}, {"max_chars", 200}},
+                                 {{"generator", "english_like"}, {"weight", 0.5}}}}}},
+          {"teachers", {teacher("small", 32), teacher("large", 48)}},
+          {"mixers", {"gla", "gated_deltanet"}},
+          {"budgets", {4 * 64 * 12, 4 * 64 * 40}},
+          {"distill", {{"seq_len", 64}, {"batch", 4}, {"lr", {3e-3, 2e-3, 1e-3}}}},
+          {"eval",
+           {{"ppl", {{"data", {{"generator", "english_like"}, {"documents", 4}}}, {"seq_len", 64}}},
+            {"niah", {{"tasks", {"s_niah_1"}}, {"lengths", {220}}, {"samples", 2}, {"max_new_tokens", 4}}}}}};
+}
+
+std::map<std::string, nlohmann::json> results_in(const std::string& out) {
+  std::map<std::string, nlohmann::json> r;
+  for (const auto& e : fs::directory_iterator(fs::path(out) / "results"))
+    r[e.path().filename().string()] = nlohmann::json::parse(read_file(e.path().string()));
+  return r;
+}
+
+}  // namespace
+
+TEST(Study, TinyGridEndToEnd) {
+  const std::string out = test::fresh_dir("study", "grid");
+  const auto spec = parse_study(tiny_study(), "tiny.json", out);
+  StudyOptions o;
+  o.out = out;
+  const auto outcome = run_study(spec, o);
+  ASSERT_TRUE(outcome.finished);
+  EXPECT_EQ(outcome.expected, 8);
+  const auto results = results_in(out);
+  ASSERT_EQ(results.size(), 8u);
+  for (const auto& [file, r] : results) {
+    SCOPED_TRACE(file);
+    const std::string teacher = r["teacher_name"];
+    EXPECT_EQ(file.rfind(teacher + "__", 0), 0u);
+    // Recovery against its own teacher, from that teacher's cached evaluation.
+    const auto t = nlohmann::json::parse(read_file(out + "/teachers/" + teacher + ".eval.json"));
+    EXPECT_EQ(r["teacher_fingerprint"], t["fingerprint"]);
+    EXPECT_EQ(r["scale"], t["parameters"]);
+    EXPECT_NEAR(r["ppl_recovery"].get<double>(), 100 * t["ppl"]["ppl"].get<double>() / r["ppl"]["ppl"].get<double>(), 1e-9);
+    EXPECT_TRUE(r["niah"].contains("s_niah_1"));
+  }
+  // The two teachers differ, so recoveries against the wrong one would differ too.
+  const auto ts = nlohmann::json::parse(read_file(out + "/teachers/small.eval.json"));
+  const auto tl = nlohmann::json::parse(read_file(out + "/teachers/large.eval.json"));
+  EXPECT_NE(ts["ppl"]["ppl"], tl["ppl"]["ppl"]);
+  EXPECT_LT(ts["parameters"].get<int64_t>(), tl["parameters"].get<int64_t>());
+  // The smaller budget is a branch of the larger run: its own folder, trained from the snapshot taken
+  // where its decay starts (3072 tokens: 11 stage-3 steps of 4 x 64, decaying over the last 2).
+  EXPECT_TRUE(fs::exists(out + "/runs/small__gla__default__s0/budget-3072/config.json"));
+  EXPECT_TRUE(fs::exists(out + "/runs/small__gla__default__s0/checkpoint-stage3-step9"));
+  const std::string md = read_file(out + "/report/report.md");
+  for (const char* s : {"small", "large", "gla", "gated_deltanet", "Perplexity recovery", "Perplexity gap", "s_niah_1",
+                        "Spearman"})
+    EXPECT_NE(md.find(s), std::string::npos) << s;
+  EXPECT_TRUE(fs::exists(out + "/report/results.json"));
+  EXPECT_TRUE(fs::exists(out + "/report/niah_s_niah_1_large_default.svg"));
+  EXPECT_TRUE(fs::exists(out + "/report/budget_small_default.svg"));
+}
+
+// Stopped by its time limit (inside a teacher's or a student's training) and run again, a study ends with
+// the results of a run that was never stopped, to the bit.
+TEST(Study, StoppedAndRerunMatchesAnUninterruptedRun) {
+  auto j = tiny_study();
+  j["teachers"] = nlohmann::json::array({j["teachers"][0]});
+  j["mixers"] = nlohmann::json::array({"gated_deltanet"});
+  const std::string whole = test::fresh_dir("study", "whole"), parts = test::fresh_dir("study", "parts");
+  StudyOptions o;
+  o.out = whole;
+  run_study(parse_study(j, "tiny.json", whole), o);
+  o.out = parts;
+  o.max_minutes = 0.002;  // about a tenth of a second: stops inside some training, several times over
+  int calls = 0;
+  while (!run_study(parse_study(j, "tiny.json", parts), o).finished) ASSERT_LT(++calls, 200);
+  EXPECT_GT(calls, 1) << "never stopped: the test did not test a resume";
+  const auto a = results_in(whole), b = results_in(parts);
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [file, r] : a) {
+    SCOPED_TRACE(file);
+    ASSERT_TRUE(b.count(file));
+    EXPECT_EQ(r["ppl"]["nll"], b.at(file)["ppl"]["nll"]);
+    EXPECT_EQ(r["niah"], b.at(file)["niah"]);
+  }
+}
+
+TEST(Study, BadStudyFilesFailAtOnce) {
+  const std::string dir = test::fresh_dir("study", "bad");
+  auto error_of = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto j = tiny_study();
+    edit(j);
+    const std::string path = dir + "/s.json";
+    std::ofstream(path) << j.dump();
+    try {
+      read_study(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto msg = error_of([](auto& j) { j["budgtes"] = nlohmann::json::array({1}); });
+  EXPECT_NE(msg.find("s.json: unknown key \"budgtes\""), std::string::npos) << msg;
+  msg = error_of([](auto& j) { j["mixers"] = nlohmann::json::array({"mamba"}); });
+  EXPECT_NE(msg.find("unknown mixer \"mamba\""), std::string::npos) << msg;
+  msg = error_of([](auto& j) { j["teachers"] = {{{"name", "x"}, {"path", "/nonexistent/teacher"}}}; });
+  EXPECT_NE(msg.find("/nonexistent/teacher is not a model folder"), std::string::npos) << msg;
+  msg = error_of([](auto& j) { j["budgets"] = nlohmann::json::array({0}); });
+  EXPECT_NE(msg.find("budgets must be positive"), std::string::npos) << msg;
+  msg = error_of([](auto& j) { j["teachers"][0]["pretrain"]["hidden"] = 31; });
+  EXPECT_NE(msg.find("hidden must divide by heads"), std::string::npos) << msg;
+  msg = error_of([](auto& j) { j["eval"]["niah"]["lenghts"] = nlohmann::json::array({1}); });
+  EXPECT_NE(msg.find("unknown key \"lenghts\""), std::string::npos) << msg;
+  EXPECT_TRUE(fs::is_empty(dir) || fs::directory_iterator(dir)->path().filename() == "s.json");
+}
