@@ -544,3 +544,25 @@ TEST(Report, WritesFilesFromResultsJson) {
   EXPECT_TRUE(fs::exists(dir + "/niah_s_niah_1_teacher-1b.svg"));
   EXPECT_THROW(load_report_inputs({tmp_file("junk.json", "[1,2]")}), Error);
 }
+
+// With two teachers among the inputs, each student's recovery is against its own teacher (its "teacher"
+// path), never the first teacher listed; result files of one mixer under two teachers get two names.
+TEST(Report, RecoveryAgainstEachStudentsOwnTeacher) {
+  auto tasks = [](double a) { return nlohmann::json{{"arc_easy", {{"score", a}, {"metric", "acc"}}}}; };
+  std::vector<ReportInput> in(4);
+  in[0] = {"small", "s.json", {{"model", "/m/small"}, {"role", "teacher"}, {"tasks", tasks(0.5)}}, true};
+  in[1] = {"large", "l.json", {{"model", "/m/large"}, {"role", "teacher"}, {"tasks", tasks(0.8)}}, true};
+  in[2] = {"gdn-small", "a.json", {{"model", "/m/small/gdn"}, {"teacher", "/m/small"}, {"tasks", tasks(0.4)}}, false};
+  in[3] = {"gdn-large", "b.json", {{"model", "/m/large/gdn"}, {"teacher", "/m/large/"}, {"tasks", tasks(0.4)}}, false};
+  EXPECT_NEAR(report_recovery(in[2], in), 80.0, 1e-9);  // 0.4 / 0.5
+  EXPECT_NEAR(report_recovery(in[3], in), 50.0, 1e-9);  // 0.4 / 0.8, not against the first teacher
+  ReportInput stranger = {"x", "x.json", {{"model", "/m/x"}, {"teacher", "/m/other"}, {"tasks", tasks(0.4)}}, false};
+  EXPECT_LT(report_recovery(stranger, in), 0);  // its teacher is not among the inputs
+  ReportInput unnamed = {"y", "y.json", {{"model", "/m/y"}, {"tasks", tasks(0.4)}}, false};
+  EXPECT_LT(report_recovery(unnamed, in), 0);   // two teachers and none named: ambiguous
+  EXPECT_NEAR(report_recovery(unnamed, {in[0], unnamed}), 80.0, 1e-9);
+  EXPECT_EQ(result_file_name(in[2].results), "small__gdn");
+  EXPECT_NE(result_file_name(in[2].results), result_file_name(in[3].results));
+  EXPECT_EQ(result_file_name(nlohmann::json{{"model", "gdn"}}), "gdn");
+  EXPECT_EQ(result_file_name(nlohmann::json{{"label", "mine"}, {"model", "/a/b"}}), "mine");
+}

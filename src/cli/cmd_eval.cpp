@@ -247,9 +247,9 @@ int eval_all(const std::vector<std::string>& argv) {
     if (args.has("scale")) teacher["scale"] = args.number("scale");
     student["teacher"] = args.str("teacher");
     student["recovery"] = recovery_percent(student, teacher);
-    write_json(teacher, (std::filesystem::path(out_dir) / (result_name(teacher) + ".teacher.json")).string());
+    write_json(teacher, (std::filesystem::path(out_dir) / (result_file_name(teacher) + ".teacher.json")).string());
   }
-  const std::string path = (std::filesystem::path(out_dir) / (result_name(student) + ".json")).string();
+  const std::string path = (std::filesystem::path(out_dir) / (result_file_name(student) + ".json")).string();
   write_json(student, path);
   print_tasks(student);
   for (const auto& [task, n] : student["niah"].items()) print_niah(n);

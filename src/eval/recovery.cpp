@@ -59,4 +59,15 @@ std::string result_name(const nlohmann::json& results) {
   return "model";
 }
 
+std::string result_file_name(const nlohmann::json& results) {
+  if (results.contains("label") && results["label"].is_string()) return results["label"].get<std::string>();
+  if (results.contains("model") && results["model"].is_string()) {
+    std::filesystem::path p = std::filesystem::path(results["model"].get<std::string>()).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();
+    const std::string parent = p.parent_path().filename().string();
+    return (parent.empty() || parent == "." || parent == "..") ? p.filename().string() : parent + "__" + p.filename().string();
+  }
+  return "model";
+}
+
 }  // namespace linearize

@@ -27,5 +27,8 @@ double recovery_percent(const nlohmann::json& student, const nlohmann::json& tea
 
 // Display name of a result: its "label", else the last component of its "model" path.
 std::string result_name(const nlohmann::json& results);
+// File name (without .json) for a result: its "label", else the last two components of its "model" path
+// ("135m__gdn"), so that students of one mixer under two teachers' folders do not overwrite each other.
+std::string result_file_name(const nlohmann::json& results);
 
 }  // namespace linearize

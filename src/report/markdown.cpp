@@ -18,6 +18,8 @@
 
 namespace linearize {
 
+namespace fs = std::filesystem;
+
 namespace {
 
 std::string pct(double v) {
@@ -202,11 +204,40 @@ std::vector<ReportInput> load_report_inputs(const std::vector<std::string>& path
   return out;
 }
 
+namespace {
+
+std::string normal_path(const std::string& p) {
+  std::error_code ec;
+  fs::path c = fs::weakly_canonical(fs::path(p), ec);
+  if (ec) c = fs::path(p).lexically_normal();
+  if (c.filename().empty()) c = c.parent_path();  // "/m/large/" is "/m/large"
+  return c.string();
+}
+
+// The student's own teacher among the inputs: the one whose "model" is the student's "teacher"; with no
+// "teacher" recorded, the only teacher when there is exactly one.
+const ReportInput* own_teacher(const ReportInput& input, const std::vector<ReportInput>& all) {
+  const bool named = input.results.contains("teacher") && input.results["teacher"].is_string();
+  const ReportInput* only = nullptr;
+  int teachers = 0;
+  for (const auto& t : all) {
+    if (!t.teacher) continue;
+    ++teachers;
+    only = &t;
+    if (named && t.results.contains("model") && t.results["model"].is_string() &&
+        normal_path(t.results["model"].get<std::string>()) == normal_path(input.results["teacher"].get<std::string>()))
+      return &t;
+  }
+  return !named && teachers == 1 ? only : nullptr;
+}
+
+}  // namespace
+
 double report_recovery(const ReportInput& input, const std::vector<ReportInput>& all) {
   if (input.teacher) return 100.0;
-  for (const auto& t : all)
-    if (t.teacher && input.results.contains("tasks") && !shared_tasks(input.results, t.results).empty())
-      return recovery_percent(input.results, t.results);
+  if (const auto* t = own_teacher(input, all))
+    if (input.results.contains("tasks") && !shared_tasks(input.results, t->results).empty())
+      return recovery_percent(input.results, t->results);
   if (input.results.contains("recovery") && input.results["recovery"].is_number())
     return input.results["recovery"].get<double>();
   return -1;

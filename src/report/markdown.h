@@ -26,8 +26,9 @@ struct ReportInput {
 // Reads results files; errors name the file and the missing field.
 std::vector<ReportInput> load_report_inputs(const std::vector<std::string>& paths);
 
-// Recovery % of `input` against the first teacher among `all` (or its own "recovery"); negative when
-// neither is available.
+// Recovery % of `input` against its own teacher among `all` (the teacher input whose "model" is the
+// student's "teacher"; with none recorded, the only teacher input), else its own "recovery"; negative
+// when neither is available. A student is never compared with another teacher than its own.
 double report_recovery(const ReportInput& input, const std::vector<ReportInput>& all);
 
 // Figures as (file name, SVG text).
