@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "compat/torch_compat.h"
+#include "io/atomic_file.h"
 #include "io/error.h"
 #include "io/jsonl.h"
 #include "io/safetensors.h"
@@ -15,6 +16,7 @@
 #include "train/data_loader.h"
 #include "train/optimizer_schedule.h"
 #include "train/pretrain.h"
+#include "train/trainer.h"
 #include "train_fixtures.h"
 
 using namespace linearize;
@@ -268,4 +270,76 @@ TEST(Optimizer, AdamwStepMatchesLibtorch) {
 TEST(CudaTrain, AdamwStepMatchesLibtorch) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: CUDA not available";
   expect_adamw_step_matches_libtorch(AdamwPath::kGpuKernel);
+}
+
+// ---- guards ----
+
+// NaN or inf gradients skip the step (nothing updated, counted, logged); eight in a row stop the run with
+// one clear line; a checkpoint or a model with non-finite weights is never written.
+TEST(TrainGuards, NonFiniteGradientsSkipThenStop) {
+  torch::nn::Linear lin(4, 4);
+  auto w = lin->weight;
+  const auto before = w.detach().clone();
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : lin->named_parameters()) params.emplace_back(p.key(), p.value());
+  std::vector<int32_t> tokens(2000, 1);
+  WindowLoader data(tokens, {0, 2000}, 8, 0);
+  int calls = 0;
+  // sqrt(w - w) is 0 (a finite loss) with an infinite gradient: bad steps 2, 3 and 5, then every step.
+  auto step = [&](const torch::Tensor&) {
+    ++calls;
+    const bool bad = calls == 2 || calls == 3 || calls == 5 || calls >= 7;
+    auto loss = (lin->weight * 0.1).pow(2).sum();
+    return bad ? loss + torch::sqrt(lin->weight - lin->weight.detach()).sum() : loss;
+  };
+  TrainLoopOptions o;
+  o.steps = 30;
+  o.batch = 2;
+  o.quiet = true;
+  o.run_dir = tmpdir("nan");
+  o.checkpoint_every = 1;
+  try {
+    run_training(*lin, params, data, step, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("8 steps in a row"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::isfinite(w).all().item<bool>());
+  EXPECT_FALSE(torch::equal(w, before));  // the good steps did update
+  int skipped = 0;
+  for (const auto& j : read_jsonl(o.run_dir + "/metrics.jsonl")) skipped += j["skipped"].get<bool>();
+  EXPECT_EQ(skipped, 3 + 7);  // the eighth bad step in a row stops the run before its row is logged
+  // The last checkpoint holds finite weights, and a model or checkpoint of NaN weights is refused.
+  const auto ckpt = WeightStore(o.run_dir + "/checkpoint-train").get("weight");
+  EXPECT_TRUE(torch::isfinite(ckpt).all().item<bool>());
+  {
+    torch::NoGradGuard ng;
+    w.index_put_({0, 0}, std::nan(""));
+  }
+  auto opt = make_adamw(params, {}, 1e-3);
+  EXPECT_THROW(save_checkpoint(o.run_dir + "/bad", *lin, *opt, {}), Error);
+  EXPECT_FALSE(fs::exists(o.run_dir + "/bad"));
+}
+
+// Sizes of zero and outputs inside an input folder are refused before anything runs.
+TEST(TrainGuards, BadShapesAndOutputsInsideInputs) {
+  auto o = tiny_pretrain(tmpdir("zero_heads"));
+  o.heads = 0;
+  EXPECT_THROW(pretrain(o), Error);  // not SIGFPE
+  o = tiny_pretrain(tmpdir("zero_kv"));
+  o.kv_heads = 0;
+  EXPECT_THROW(pretrain(o), Error);
+  const std::string teacher = tmpdir("teacher");
+  pretrain(tiny_pretrain(teacher));
+  o = tiny_pretrain(teacher + "/inner");
+  o.init_from = teacher;
+  try {
+    pretrain(o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is inside the --init model's folder"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(refuse_output_inside(teacher + "_other", teacher, "x"));
+  EXPECT_THROW(refuse_output_inside(teacher + "/./", teacher, "x"), Error);
+  EXPECT_THROW(refuse_output_inside(teacher + "/a/../b", teacher, "x"), Error);
 }

@@ -105,7 +105,8 @@ void write_chat_tokenizer_files(const std::string& folder, const std::vector<std
 
 SftResult run_sft(const SftOptions& o) {
   if (o.seq_len < 2) throw Error("sft: --seq-len must be at least 2");
-  if (o.epochs <= 0) throw Error("sft: --epochs must be positive");
+  if (!(o.epochs > 0)) throw Error("sft: --epochs must be positive");
+  refuse_output_inside(o.out, o.model, "the model's folder");
   auto records = read_conversations(o.data);  // malformed input fails before the model loads
   LoadOptions lo;
   lo.device = o.loop.device;

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "io/atomic_file.h"
 #include "io/error.h"
 #include "io/token_shards.h"
 #include "io/tokenizer.h"
@@ -131,6 +132,7 @@ DistillResult distill(const DistillOptions& o) {
   if (o.kl_reduction != "token_mean" && o.kl_reduction != "batchmean")
     throw Error("KL reduction \"" + o.kl_reduction + "\" unknown (expected token_mean or batchmean)");
   for (const auto& st : o.stage) check_schedule_kind(st.schedule);
+  refuse_output_inside(o.out, o.teacher, "the teacher's folder");
 
   LoadOptions lo;
   lo.device = o.loop.device;

@@ -55,4 +55,20 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+void refuse_output_inside(const std::string& output, const std::string& input, const std::string& what) {
+  if (output.empty() || input.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto norm = [&](const std::string& p) {
+    fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
+    if (c.filename().empty()) c = c.parent_path();
+    return c;
+  };
+  const fs::path out = norm(output), in = norm(input);
+  const auto rel = out.lexically_relative(in);
+  if (!rel.empty() && *rel.begin() != "..")
+    throw Error("the output folder " + output + (out == in ? " is " : " is inside ") + what + " " + input +
+                ": writing there would overwrite it; choose another output folder");
+}
+
 }  // namespace linearize

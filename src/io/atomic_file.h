@@ -13,4 +13,8 @@ void write_file_atomic(const std::string& path, const std::function<void(std::os
 // Reads a whole file; throws linearize::Error naming the path when it cannot be read.
 std::string read_file(const std::string& path);
 
+// Throws Error when `output` is the folder `input` or lies inside it (after resolving . and .. and links):
+// writing there would overwrite `what` (e.g. "the teacher"). Nothing is checked when either is empty.
+void refuse_output_inside(const std::string& output, const std::string& input, const std::string& what);
+
 }  // namespace linearize

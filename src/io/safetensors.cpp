@@ -287,6 +287,13 @@ torch::Tensor WeightStore::get(const std::string& name, torch::ScalarType dtype,
   return file.get(name).to(dtype);
 }
 
+void require_finite(const std::vector<std::pair<std::string, torch::Tensor>>& tensors, const std::string& what) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : tensors)
+    if (t.is_floating_point() && t.numel() > 0 && !torch::isfinite(t).all().item<bool>())
+      throw Error(what + ": tensor " + name + " holds NaN or inf values; refusing to write it");
+}
+
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       std::map<std::string, std::string> metadata) {

@@ -78,6 +78,10 @@ class WeightStore {
 // Writes tensors (any device; contiguous copies are made) atomically: a temporary file in the same
 // folder, fsync, rename. Header padded to 8 bytes, tensors ordered by element size then name,
 // __metadata__ gets {"format": "pt"} unless given.
+// Throws Error naming the tensor and `what` when a floating-point tensor holds NaN or inf: no checkpoint or
+// model with non-finite weights is ever written.
+void require_finite(const std::vector<std::pair<std::string, torch::Tensor>>& tensors, const std::string& what);
+
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                       std::map<std::string, std::string> metadata = {});

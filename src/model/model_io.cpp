@@ -50,9 +50,10 @@ void copy_tokenizer_files(const std::string& from, const std::string& folder) {
 
 void save_model(CausalLM& model, const std::string& folder, const std::string& tokenizer_from,
                 const nlohmann::json& extra_config) {
-  fs::create_directories(folder);
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (auto& item : model->named_parameters(true)) tensors.emplace_back(item.key(), item.value());
+  require_finite(tensors, "model " + folder);
+  fs::create_directories(folder);
   save_safetensors((fs::path(folder) / "model.safetensors").string(), tensors);
   nlohmann::json j = model->config.to_json();
   for (auto it = extra_config.begin(); it != extra_config.end(); ++it) j[it.key()] = it.value();

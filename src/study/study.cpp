@@ -54,6 +54,7 @@ class Runner {
   Runner(const StudySpec& spec, const StudyOptions& o) : spec_(spec), o_(o), t0_(Clock::now()) {
     out_ = o.out.empty() ? (fs::path("runs") / spec.name).string() : o.out;
     device_ = torch::Device(o.device.empty() ? spec.device : o.device);
+    for (const auto& t : spec.teachers) refuse_output_inside(out_, t.path, "the teacher " + t.name + "'s folder");
     if (o.max_minutes > 0) deadline_ = t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_minutes * 60));
   }
 

@@ -36,6 +36,11 @@ fs::path readable(const std::string& dir) {
 void save_checkpoint(const std::string& dir, torch::nn::Module& module, torch::optim::Optimizer& optimizer,
                      const nlohmann::json& state) {
   const fs::path target(dir), tmp(dir + ".tmp"), old(dir + ".old");
+  {
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    for (auto& p : module.named_parameters(true)) params.emplace_back(p.key(), p.value());
+    require_finite(params, "checkpoint " + dir);
+  }
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   std::vector<std::pair<std::string, torch::Tensor>> tensors;

@@ -75,15 +75,18 @@ torch::Tensor total_norm(const std::vector<torch::Tensor>& grads) {
 }
 
 double libtorch_step(torch::optim::AdamW& opt, double max_grad_norm) {
-  double norm = 0;
-  if (max_grad_norm > 0) {
-    std::vector<torch::Tensor> params;
-    for (const auto& group : opt.param_groups())
-      for (const auto& p : group.params()) params.push_back(p);
-    norm = torch::nn::utils::clip_grad_norm_(params, max_grad_norm);
-  }
+  std::vector<torch::Tensor> params, grads;
+  for (const auto& group : opt.param_groups())
+    for (const auto& p : group.params()) {
+      params.push_back(p);
+      if (p.grad().defined()) grads.push_back(p.grad());
+    }
+  if (grads.empty()) return 0;
+  const double norm = total_norm(grads).item<double>();
+  if (!std::isfinite(norm)) return norm;  // skipped: no update
+  if (max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, max_grad_norm);
   opt.step();
-  return norm;
+  return max_grad_norm > 0 ? norm : 0.0;
 }
 
 }  // namespace
@@ -101,6 +104,19 @@ double adamw_step(torch::optim::AdamW& opt, double max_grad_norm) {
     if (beta1 != u.beta1 || beta2 != u.beta2 || o.eps() != u.eps)
       return libtorch_step(opt, max_grad_norm);  // one set of betas and eps a call
   }
+  // The gradients' norm first, read on the host: a non-finite one skips the step (nothing is updated).
+  std::vector<torch::Tensor> grads;
+  for (auto& group : opt.param_groups())
+    for (auto& p : group.params())
+      if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return 0;
+  torch::Tensor norm;
+  {
+    torch::NoGradGuard no_grad;
+    norm = total_norm(grads);
+  }
+  const double norm_value = norm.item<double>();
+  if (!std::isfinite(norm_value)) return norm_value;
   for (auto& group : opt.param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     const auto [beta1, beta2] = o.betas();
@@ -124,15 +140,13 @@ double adamw_step(torch::optim::AdamW& opt, double max_grad_norm) {
       u.bias2_sqrt.push_back(std::sqrt(1 - std::pow(beta2, t)));
     }
   }
-  torch::Tensor norm;
-  if (max_grad_norm > 0 && !u.g.empty()) {
+  if (max_grad_norm > 0) {
     torch::NoGradGuard no_grad;
-    norm = total_norm(u.g);
     // clip_grad_norm_'s factor, written as it writes it (double / tensor is libtorch's reciprocal product).
     u.grad_scale = torch::clamp_max(max_grad_norm / (norm + 1e-6), 1.0);
   }
   ops::adamw_update(u);
-  return norm.defined() ? norm.item<double>() : 0.0;
+  return max_grad_norm > 0 ? norm_value : 0.0;
 }
 
 }  // namespace linearize

@@ -44,8 +44,9 @@ void set_learning_rate(torch::optim::Optimizer& opt, double lr);
 // With max_grad_norm > 0 the gradients are clipped first to that total L2 norm, as
 // torch::nn::utils::clip_grad_norm_ clips them (the same factor, max_norm / (norm + 1e-6) capped at 1), but
 // the factor goes into the update instead of into the gradients, which are left as they were. Returns the
-// gradients' total norm before clipping (0 without clipping). Falls back to clip_grad_norm_ and opt.step()
-// for what the update does not take (amsgrad).
+// gradients' total norm before clipping (0 without clipping). A non-finite norm (NaN or inf gradients)
+// skips the step, moments and step counts included, and is returned as it is. Falls back to
+// clip_grad_norm_ and opt.step() for what the update does not take (amsgrad).
 double adamw_step(torch::optim::AdamW& opt, double max_grad_norm = 0);
 
 }  // namespace linearize

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "io/atomic_file.h"
 #include "io/error.h"
 #include "io/tokenizer.h"
 #include "model/model_io.h"
@@ -25,6 +26,8 @@ std::pair<int64_t, int64_t> bos_eos(const Tokenizer& tok) {
 }  // namespace
 
 double pretrain(const PretrainOptions& o) {
+  refuse_output_inside(o.out, o.init_from, "the --init model's folder");
+  if (std::filesystem::is_directory(o.tokenizer)) refuse_output_inside(o.out, o.tokenizer, "the tokenizer's folder");
   auto tok = load_tokenizer(o.tokenizer);
   auto [bos, eos] = bos_eos(*tok);
   LlamaConfig c;
@@ -33,6 +36,12 @@ double pretrain(const PretrainOptions& o) {
   c.num_hidden_layers = o.layers;
   c.num_attention_heads = o.heads;
   c.num_key_value_heads = o.kv_heads;
+  auto positive = [](int64_t v, const char* what) {
+    if (v < 1) throw Error(std::string("pretrain: ") + what + " must be at least 1, got " + std::to_string(v));
+  };
+  positive(o.hidden, "--hidden"), positive(o.layers, "--layers"), positive(o.heads, "--heads");
+  positive(o.kv_heads, "--kv-heads"), positive(o.seq_len, "--seq-len");
+  if (o.intermediate < 0) throw Error("pretrain: --intermediate must be positive, got " + std::to_string(o.intermediate));
   if (o.hidden % o.heads != 0) throw Error("pretrain: --hidden must be divisible by --heads");
   if (o.heads % o.kv_heads != 0) throw Error("pretrain: --heads must be divisible by --kv-heads");
   c.head_dim = o.hidden / o.heads;

@@ -126,6 +126,8 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
 
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t tokens_per_step = o.batch * loader.tokens_per_row();
+  constexpr int kMaxNonfiniteSteps = 8;
+  int nonfinite_in_a_row = 0;
   for (int64_t s = start; s < o.steps; ++s) {
     const double lr = schedule.at(s);
     set_learning_rate(*optimizer, lr);
@@ -153,13 +155,26 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
       throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
                   " (lower the learning rate?)");
     const double grad_norm = adamw_step(*optimizer, o.clip);  // clipped within (0: no clipping)
+    if (!std::isfinite(grad_norm)) {
+      // NaN or inf gradients: adamw_step updated nothing. A few in a row stop the run before the model is harmed.
+      ++result.skipped_steps;
+      if (++nonfinite_in_a_row >= kMaxNonfiniteSteps)
+        throw Error(o.name + ": the gradients' norm was " + std::to_string(grad_norm) + " at " +
+                    std::to_string(kMaxNonfiniteSteps) + " steps in a row (up to step " + std::to_string(s + 1) +
+                    "); nothing was written after the last good checkpoint (lower the learning rate?)");
+      if (!quiet)
+        std::cerr << "[" << o.name << "] step " << s + 1 << ": gradient norm " << grad_norm << ", step skipped\n";
+    } else {
+      nonfinite_in_a_row = 0;
+    }
     result.last_loss = loss;
     const int64_t done = s + 1;
     const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tok_s = static_cast<double>((done - start) * tokens_per_step) / std::max(elapsed, 1e-9);
     if (main_rank)
       append_metrics(o.run_dir, {{"stage", o.name}, {"step", done}, {"loss", loss}, {"lr", lr},
-                                 {"grad_norm", grad_norm}, {"tokens", done * tokens_per_step},
+                                 {"grad_norm", std::isfinite(grad_norm) ? nlohmann::json(grad_norm) : nlohmann::json(nullptr)},
+                                 {"skipped", !std::isfinite(grad_norm)}, {"tokens", done * tokens_per_step},
                                  {"tokens_per_s", tok_s}, {"elapsed_s", elapsed}});
     if (!quiet && (done % std::max<int64_t>(o.log_every, 1) == 0 || done == o.steps || done == start + 1)) {
       const double eta = elapsed / static_cast<double>(done - start) * static_cast<double>(o.steps - done);

@@ -54,6 +54,7 @@ struct TrainResult {
   double last_loss = 0;
   int64_t steps_done = 0;
   bool finished = false;  // false when stopped by stop_after or the deadline
+  int64_t skipped_steps = 0;  // steps whose gradients were not finite (nothing updated)
 };
 
 // The folder of the snapshot kept after `step` (TrainLoopOptions::snapshot_steps).
