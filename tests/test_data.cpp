@@ -340,3 +340,19 @@ TEST(Mixture, BadSpecsAreOneClearLine) {
   EXPECT_NE(error_of(R"({"sources": [{"path": "x.u32"}], "seed": 1})").find("unknown key \"seed\""), std::string::npos);
   EXPECT_NE(error_of("{\"sources\": [").find("malformed JSON"), std::string::npos);
 }
+
+// A copy drill repeats its list after "again", with at most max_filler sentences between.
+TEST(SyntheticText, CopyDrillsRepeatTheirList) {
+  std::mt19937_64 rng(4);
+  const std::regex drill("the codes are ([0-9 ]+)\\. (.*)again, the codes are ([0-9 ]+)\\.");
+  std::set<size_t> counts;
+  for (int i = 0; i < 100; ++i) {
+    const std::string d = copy_drill(rng, 3, 2);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(d, m, drill)) << d;
+    EXPECT_EQ(m[1], m[3]);
+    counts.insert(static_cast<size_t>(std::count(m[1].first, m[1].second, ' ')) + 1);
+    EXPECT_LE(std::count(m[2].first, m[2].second, '.'), 2);
+  }
+  EXPECT_EQ(counts, (std::set<size_t>{1, 2, 3}));
+}

@@ -1,5 +1,6 @@
 #include "data/synthetic_text.h"
 
+#include <algorithm>
 
 namespace linearize {
 
@@ -79,6 +80,16 @@ std::string english_like_document(std::mt19937_64& rng, int64_t sentences, int64
     if (s < sentences) doc += english_like_sentence(rng);
   }
   return doc;
+}
+
+std::string copy_drill(std::mt19937_64& rng, int64_t max_values, int64_t max_filler) {
+  std::string values;
+  const int64_t n = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, max_values)));
+  for (int64_t i = 0; i < n; ++i) values += (i ? " " : "") + std::to_string(1000000 + rng() % 9000000);
+  std::string filler;
+  const int64_t f = max_filler > 0 ? static_cast<int64_t>(rng() % static_cast<uint64_t>(max_filler + 1)) : 0;
+  for (int64_t i = 0; i < f; ++i) filler += english_like_sentence(rng);
+  return "the codes are " + values + ". " + filler + "again, the codes are " + values + ".";
 }
 
 std::vector<std::string> english_like_documents(const EnglishLikeOptions& o) {

@@ -28,6 +28,11 @@ std::string english_like_sentence(std::mt19937_64& rng);
 // A whole document (facts planted and asked for later).
 std::string english_like_document(std::mt19937_64& rng, int64_t sentences, int64_t facts);
 
+// A copy drill: "the codes are A B. again, the codes are A B." with 1..max_values random 7-digit numbers
+// and 0..max_filler English-like sentences between the two lists. Everything after "again" is predictable
+// only by copying from earlier in the context: dense practice for the induction that retrieval needs.
+std::string copy_drill(std::mt19937_64& rng, int64_t max_values, int64_t max_filler);
+
 // Documents joined by blank lines (the tokenizer-training and pretraining text).
 std::vector<std::string> english_like_documents(const EnglishLikeOptions& options);
 

@@ -11,17 +11,20 @@ namespace linearize {
 
 namespace {
 
-// What the small teachers train on: RULER-form retrieval episodes (short ones first learned, longer ones
-// for reach) and English-like documents, generated as training goes; `corpus` (text files or token
-// datasets of real prose) shares a third of the weight when given.
-nlohmann::json small_mixture(const std::vector<std::string>& corpus) {
+// What the small teachers train on, generated as training goes: RULER-form retrieval episodes (short ones,
+// which a small model learns from first, and long ones up to about its training length), copy drills
+// (dense practice for the induction that retrieval needs; without them a tiny teacher did not learn to
+// retrieve within its budget) and English-like documents; `corpus` (text files or token datasets of real
+// prose) takes a fifth of the weight when given.
+nlohmann::json small_mixture(const std::vector<std::string>& corpus, int64_t long_chars) {
   nlohmann::json sources = {
-      {{"generator", "retrieval_episodes"}, {"weight", 0.5}, {"min_chars", 0}, {"max_chars", 400}, {"max_needles", 1},
+      {{"generator", "retrieval_episodes"}, {"weight", 0.3}, {"min_chars", 0}, {"max_chars", 300}, {"max_needles", 1},
        {"max_questions", 1}},
-      {{"generator", "retrieval_episodes"}, {"weight", 0.2}, {"min_chars", 300}, {"max_chars", 1600},
+      {{"generator", "retrieval_episodes"}, {"weight", 0.2}, {"min_chars", 300}, {"max_chars", long_chars},
        {"max_needles", 2}, {"max_questions", 2}},
-      {{"generator", "english_like"}, {"weight", corpus.empty() ? 0.3 : 0.05}}};
-  for (const auto& c : corpus) sources.push_back({{"path", c}, {"weight", 0.25 / static_cast<double>(corpus.size())}});
+      {{"generator", "copy_drills"}, {"weight", 0.3}, {"max_values", 4}, {"max_filler", 2}},
+      {{"generator", "english_like"}, {"weight", corpus.empty() ? 0.2 : 0.05}}};
+  for (const auto& c : corpus) sources.push_back({{"path", c}, {"weight", 0.15 / static_cast<double>(corpus.size())}});
   return {{"sources", sources}};
 }
 
@@ -42,7 +45,7 @@ nlohmann::json study_preset(const std::string& name, const std::vector<std::stri
     return {{"name", "mini"},
             {"notes", "CPU preset: three tiny teachers trained by the study on generated text, seven mixers each."},
             {"tokenizer", {{"train", {{"sample", {{"documents", 200}, {"episodes", 2000}}}, {"vocab", 1024}, {"isolate_digits", false}}}}},
-            {"data", small_mixture({})},
+            {"data", small_mixture({}, 800)},
             {"teachers",
              {teacher("tiny-32", 32, 2, 2, 1, 256, 4, 3000, 3e-3), teacher("tiny-48", 48, 2, 4, 2, 256, 4, 3000, 3e-3),
               teacher("tiny-64", 64, 2, 4, 2, 256, 4, 3000, 3e-3)}},
@@ -61,7 +64,7 @@ nlohmann::json study_preset(const std::string& name, const std::vector<std::stri
             {"notes", "GPU preset: teachers trained by the study on prose plus retrieval episodes; run with --device cuda."},
             {"tokenizer", {{"train", {{"inputs", {"corpus/austen_emma.txt", "corpus/web_bible.txt", "corpus/tinystories_val.txt"}},
                                       {"sample", {{"documents", 400}, {"episodes", 4000}}}, {"vocab", 8192}, {"isolate_digits", false}}}}},
-            {"data", small_mixture({"corpus/web_bible.txt", "corpus/austen_emma.txt", "corpus/tinystories_val.txt"})},
+            {"data", small_mixture({"corpus/web_bible.txt", "corpus/austen_emma.txt", "corpus/tinystories_val.txt"}, 3600)},
             {"teachers",
              {teacher("t-10m", 256, 6, 4, 2, 1024, 16, 4000, 1.5e-3), teacher("t-40m", 512, 8, 8, 4, 1024, 16, 4000, 1e-3),
               teacher("t-150m", 768, 14, 12, 4, 1024, 16, 4000, 8e-4)}},

@@ -30,16 +30,18 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-const std::vector<std::string> kGenerators = {"english_like", "retrieval_episodes"};
+const std::vector<std::string> kGenerators = {"english_like", "retrieval_episodes", "copy_drills"};
 
 // The keys each kind of source takes.
 const std::vector<std::string>& keys_of(const std::string& generator) {
   static const std::vector<std::string> path = {"path", "weight"};
   static const std::vector<std::string> english = {"generator", "weight", "sentences", "facts"};
+  static const std::vector<std::string> drills = {"generator", "weight", "max_values", "max_filler"};
   static const std::vector<std::string> episodes = {"generator", "weight", "filler", "min_chars", "max_chars",
                                                     "max_needles", "max_questions", "paragraph_sentences",
                                                     "uuid_fraction"};
   if (generator.empty()) return path;
+  if (generator == "copy_drills") return drills;
   return generator == "english_like" ? english : episodes;
 }
 
@@ -75,7 +77,8 @@ std::vector<DataSourceSpec> read_data_spec(const std::string& path) {
     if (s.contains("generator")) {
       if (!s["generator"].is_string() ||
           std::find(kGenerators.begin(), kGenerators.end(), s["generator"].get<std::string>()) == kGenerators.end())
-        throw Error(where + ": unknown generator " + s["generator"].dump() + " (known: english_like, retrieval_episodes)");
+        throw Error(where + ": unknown generator " + s["generator"].dump() +
+                    " (known: english_like, retrieval_episodes, copy_drills)");
       d.generator = s["generator"].get<std::string>();
     } else if (s.contains("path") && s["path"].is_string()) {
       const fs::path p = s["path"].get<std::string>();
@@ -138,7 +141,9 @@ std::vector<int32_t> generated_window(const TrainingData::Source& s, const Token
   const auto& o = s.spec.options;
   while (static_cast<int64_t>(out.size()) < length) {
     std::string text;
-    if (s.spec.generator == "english_like") {
+    if (s.spec.generator == "copy_drills") {
+      text = copy_drill(rng, o.value("max_values", int64_t{4}), o.value("max_filler", int64_t{0}));
+    } else if (s.spec.generator == "english_like") {
       const int64_t n = o.value("sentences", int64_t{40});
       text = english_like_document(rng, n / 2 + static_cast<int64_t>(rng() % static_cast<uint64_t>(n + 1)),
                                    o.value("facts", int64_t{8}));

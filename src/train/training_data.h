@@ -9,6 +9,8 @@
 // and tokenize it with the model's tokenizer:
 //   english_like         the demo's English-like documents with planted facts (data/synthetic_text.h);
 //                        keys: sentences (40), facts (8)
+//   copy_drills          "the codes are A B. again, the codes are A B." (data/synthetic_text.h); keys:
+//                        max_values (4), max_filler (English-like sentences between the lists, 0)
 //   retrieval_episodes   RULER-form retrieval episodes (data/retrieval_episodes.h); keys: filler
 //                        ("english_like", or a text file whose sentences are drawn in runs), min_chars,
 //                        max_chars, max_needles, max_questions, paragraph_sentences, uuid_fraction
@@ -33,7 +35,7 @@ class Tokenizer;
 
 struct DataSourceSpec {
   std::string path;       // a token dataset, or
-  std::string generator;  // english_like | retrieval_episodes
+  std::string generator;  // english_like | retrieval_episodes | copy_drills
   double weight = 1.0;
   nlohmann::json options = nlohmann::json::object();  // the generator's settings
 };
