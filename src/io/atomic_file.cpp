@@ -1,6 +1,9 @@
 #include "io/atomic_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "io/error.h"
 
@@ -53,6 +57,45 @@ std::string read_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+namespace {
+
+int remove_entry(const char* path, const struct stat*, int type, struct FTW*) {
+  return type == FTW_DP ? ::rmdir(path) : ::unlink(path);
+}
+
+}  // namespace
+
+void remove_tree(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return;  // absent
+  if (nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+    throw Error("cannot remove " + path + ": " + std::strerror(errno));
+}
+
+void copy_flat_folder(const std::string& from, const std::string& to) {
+  remove_tree(to);
+  if (::mkdir(to.c_str(), 0755) != 0) throw Error("cannot create " + to + ": " + std::strerror(errno));
+  DIR* d = ::opendir(from.c_str());
+  if (!d) throw Error("cannot read " + from + ": " + std::strerror(errno));
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n == "." || n == "..") continue;
+    struct stat st {};
+    if (::stat((from + "/" + n).c_str(), &st) == 0 && S_ISREG(st.st_mode)) names.push_back(n);
+  }
+  ::closedir(d);
+  for (const auto& n : names) {
+    std::ifstream in(from + "/" + n, std::ios::binary);
+    std::ofstream out(to + "/" + n, std::ios::binary | std::ios::trunc);
+    out << in.rdbuf();
+    out.close();
+    if (!in || !out) throw Error("cannot copy " + from + "/" + n + " to " + to);
+    const int fd = ::open((to + "/" + n).c_str(), O_RDONLY);
+    if (fd >= 0) ::fsync(fd), ::close(fd);
+  }
 }
 
 void refuse_output_inside(const std::string& output, const std::string& input, const std::string& what) {

@@ -13,6 +13,12 @@ void write_file_atomic(const std::string& path, const std::function<void(std::os
 // Reads a whole file; throws linearize::Error naming the path when it cannot be read.
 std::string read_file(const std::string& path);
 
+// Removes a file or a folder with everything in it (POSIX nftw; nothing happens when it is absent). Used
+// for checkpoint folders instead of std::filesystem::remove_all, which crashed in one GPU build.
+void remove_tree(const std::string& path);
+// Copies the regular files of folder `from` (not recursing) into a new folder `to`, fsynced.
+void copy_flat_folder(const std::string& from, const std::string& to);
+
 // Throws Error when `output` is the folder `input` or lies inside it (after resolving . and .. and links):
 // writing there would overwrite `what` (e.g. "the teacher"). Nothing is checked when either is empty.
 void refuse_output_inside(const std::string& output, const std::string& input, const std::string& what);

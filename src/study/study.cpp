@@ -323,9 +323,9 @@ class Runner {
         fs::create_directories(dir);
         for (const char* stage : {"checkpoint-stage1", "checkpoint-stage2"})
           if (fs::exists(fs::path(run) / stage) && !fs::exists(fs::path(dir) / stage))
-            fs::copy(fs::path(run) / stage, fs::path(dir) / stage, fs::copy_options::recursive);
+            copy_flat_folder((fs::path(run) / stage).string(), (fs::path(dir) / stage).string());
         if (!fs::exists(fs::path(dir) / "checkpoint-stage3"))
-          fs::copy(snapshot_dir(run, "stage3", step), fs::path(dir) / "checkpoint-stage3", fs::copy_options::recursive);
+          copy_flat_folder(snapshot_dir(run, "stage3", step), (fs::path(dir) / "checkpoint-stage3").string());
         auto d = distill_options(c, b, dir);
         d.stage[2].warmup = static_cast<double>(warmup) / static_cast<double>(stage3_steps(d));  // the main run's warmup
         say("  budget " + std::to_string(b) + ": decay branch from stage-3 step " + std::to_string(step));

@@ -41,7 +41,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& module, torch::o
     for (auto& p : module.named_parameters(true)) params.emplace_back(p.key(), p.value());
     require_finite(params, "checkpoint " + dir);
   }
-  fs::remove_all(tmp);
+  remove_tree(tmp.string());
   fs::create_directories(tmp);
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (auto& p : module.named_parameters(true)) tensors.emplace_back(p.key(), p.value());
@@ -50,11 +50,11 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& module, torch::o
   fsync_file(tmp / "optimizer.pt");
   write_file_atomic((tmp / "state.json").string(), [&](std::ostream& o) { o << state.dump(2) << "\n"; });
   // Swap: target -> old, tmp -> target, drop old. A crash between the renames leaves `old`.
-  fs::remove_all(old);
+  remove_tree(old.string());
   if (fs::exists(target)) fs::rename(target, old);
   fs::rename(tmp, target);
   fsync_file(target.parent_path().empty() ? fs::path(".") : target.parent_path());
-  fs::remove_all(old);
+  remove_tree(old.string());
 }
 
 bool checkpoint_exists(const std::string& dir) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "compat/torch_compat.h"
+#include "io/atomic_file.h"
 #include "io/error.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
@@ -188,9 +189,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     if (last || snapshot || out_of_time || (o.checkpoint_every > 0 && done % o.checkpoint_every == 0))
       save(done, loss, last);
     if (snapshot && main_rank && !ckpt.empty()) {
-      const std::string copy = snapshot_dir(o.run_dir, o.name, done);
-      fs::remove_all(copy);
-      fs::copy(ckpt, copy, fs::copy_options::recursive);
+      copy_flat_folder(ckpt, snapshot_dir(o.run_dir, o.name, done));
     }
     if ((o.stop_after > 0 && done == o.stop_after && !last) || out_of_time) {
       if (out_of_time && !quiet) std::cerr << "[" << o.name << "] stopped at step " << done << " (time limit); checkpoint written\n";
