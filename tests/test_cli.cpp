@@ -1,5 +1,7 @@
 // The command-line tool end to end: runs build/linearize as a user would and checks its output and
 // exit codes (help for every command, one clear error line for bad input).
+#include <sys/stat.h>
+
 #include <array>
 #include <cmath>
 #include <set>
@@ -52,6 +54,57 @@ TEST(Cli, ErrorsAreOneClearLine) {
   EXPECT_NE(r.out.find("unknown option --modle"), std::string::npos) << r.out;
   r = run("eval ppl --model x --data y --seq-len abc");
   EXPECT_NE(r.out.find("--seq-len expects an integer, got \"abc\""), std::string::npos) << r.out;
+}
+
+// Every numeric option is range-checked before any work: one line naming the option and what it expects,
+// never a libtorch or STL message, a crash, or a run that trains on garbage.
+TEST(Cli, OptionsOutOfRangeAreOneClearLine) {
+  const std::string out = " --out " + tmp("never");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"pretrain --tokenizer t --data d --heads 0" + out, "--heads must be at least 1, got 0"},
+      {"pretrain --tokenizer t --data d --kv-heads -2" + out, "--kv-heads must be at least 1, got -2"},
+      {"pretrain --tokenizer t --data d --hidden 0" + out, "--hidden must be at least 1"},
+      {"pretrain --tokenizer t --data d --lr nan" + out, "--lr must be a finite number, got \"nan\""},
+      {"pretrain --tokenizer t --data d --lr -1e-3" + out, "--lr must be greater than 0"},
+      {"pretrain --tokenizer t --data d --warmup 1.5" + out, "--warmup must be between 0 and 1, got 1.5"},
+      {"pretrain --tokenizer t --data d --clip -1" + out, "--clip must be at least 0"},
+      {"pretrain --tokenizer t --data d --weight-decay inf" + out, "--weight-decay must be a finite number"},
+      {"pretrain --tokenizer t --data d --rope-theta 0" + out, "--rope-theta must be greater than 0"},
+      {"distill --teacher t --mixer gla --data d --kl-temperature 0" + out, "--kl-temperature must be greater than 0"},
+      {"distill --teacher t --mixer gla --data d --lr2 nan" + out, "--lr2 must be a finite number"},
+      {"distill --teacher t --mixer gla --data d --stages 2,1" + out, "stages must be given once each and in order"},
+      {"distill --teacher t --mixer gla --data d --stages 1,1" + out, "stages must be given once each and in order"},
+      {"distill --teacher t --mixer gla --data d --stages ," + out, "--stages: no stage given"},
+      {"sft --model m --data d --epochs -1" + out, "--epochs must be greater than 0"},
+      {"generate --model m --temperature -0.5", "--temperature must be at least 0"},
+      {"generate --model m --top-p 1.5", "--top-p must be between 0 (excluded) and 1"},
+      {"generate --model m --max-new-tokens 1e30", "--max-new-tokens expects an integer"},
+      {"tokenizer train --input x --vocab 259" + out, "--vocab must be at least 260, got 259"},
+  };
+  for (const auto& [args, expected] : cases) {
+    auto r = run(args);
+    EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+    EXPECT_NE(r.out.find(expected), std::string::npos) << args << "\n" << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << args << "\n" << r.out;
+  }
+}
+
+// A FIFO or a folder where a file is expected is refused at once (a FIFO would block the read forever).
+TEST(Cli, FifoOrFolderGivenAsFileIsRefused) {
+  const std::string fifo = tmp("fifo");
+  fs::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string folder = tmp("a_folder");
+  fs::create_directories(folder);
+  for (const std::string& input : {fifo, folder}) {
+    const std::string expected = input == fifo ? "is not a regular file" : "is a folder; expected a file";
+    for (const std::string& args : {"tokenizer train --vocab 300 --out " + tmp("tok_never") + " --input " + input,
+                                    "report --out " + tmp("report_never") + " " + input}) {
+      auto r = run(args);
+      EXPECT_EQ(r.code, 1) << args << "\n" << r.out;
+      EXPECT_NE(r.out.find(input + " " + expected), std::string::npos) << args << "\n" << r.out;
+    }
+  }
 }
 
 TEST(Cli, TokenizeTextAndShard) {

@@ -1,5 +1,6 @@
 #include "cli/args.h"
 
+#include <cmath>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -56,6 +57,16 @@ Args::Args(const CommandSpec& spec, const std::vector<std::string>& argv) : spec
     throw Error(where + ": unexpected argument \"" + positional_[spec.max_positional] + "\" (see --help)");
   // With --config, required options may come from the file: checked once it is applied.
   if (!values_.count("config")) check_required();
+  check_numbers();
+}
+
+// Numeric options are parsed and range-checked as soon as they are known, before a command reads any file.
+void Args::check_numbers() const {
+  for (const auto& [name, value] : values_) {
+    const std::string& kind = spec_of(name).value_name;
+    if (kind == "N") integer(name);
+    else if (kind == "X" || kind == "F" || kind == "T" || kind == "P") number(name);
+  }
 }
 
 void Args::check_required() const {
@@ -96,16 +107,70 @@ std::string Args::str(const std::string& name) const {
   return *v;
 }
 
+namespace {
+
+// The valid range of each numeric option, by name: the names mean the same in every command, so one table
+// serves them all. NaN and infinity are refused everywhere.
+struct Range {
+  double lo = -INFINITY, hi = INFINITY;
+  bool lo_open = false;  // lo itself excluded
+};
+
+const std::map<std::string, Range>& option_ranges() {
+  static const std::map<std::string, Range> ranges = {
+      // sizes and counts
+      {"hidden", {1}}, {"layers", {1}}, {"heads", {1}}, {"kv-heads", {1}}, {"intermediate", {1}},
+      {"seq-len", {1}}, {"sft-seq-len", {1}}, {"batch", {1}}, {"grad-accum", {1}}, {"steps", {1}},
+      {"max-steps", {1}}, {"tokens", {1}}, {"threads", {1}}, {"samples", {1}}, {"max-new-tokens", {1}},
+      {"log-every", {1}}, {"shard-tokens", {1}}, {"nproc-per-node", {1}}, {"limit", {1}}, {"max-tokens", {1}},
+      {"checkpoint-every", {0}}, {"stop-after", {1}}, {"max-bytes", {0}}, {"seed", {0}}, {"vocab", {260}},
+      // optimisation
+      {"lr", {0, INFINITY, true}}, {"lr1", {0, INFINITY, true}}, {"lr2", {0, INFINITY, true}},
+      {"lr3", {0, INFINITY, true}}, {"sft-lr", {0, INFINITY, true}}, {"warmup", {0, 1}}, {"clip", {0}},
+      {"weight-decay", {0}}, {"epochs", {0, INFINITY, true}},
+      // losses, sampling, model
+      {"kl-weight", {0}}, {"ce-weight", {0}}, {"kl-temperature", {0, INFINITY, true}}, {"temperature", {0}},
+      {"top-p", {0, 1, true}}, {"rope-theta", {0, INFINITY, true}}, {"scale", {0, INFINITY, true}},
+  };
+  return ranges;
+}
+
+std::string plain_number(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+}  // namespace
+
+void Args::check_range(const std::string& name, double v) const {
+  const std::string where = "linearize " + spec_.name + ": --" + name;
+  if (!std::isfinite(v)) throw Error(where + " must be a finite number, got \"" + str(name) + "\"");
+  auto it = option_ranges().find(name);
+  if (it == option_ranges().end()) return;
+  const Range& r = it->second;
+  const bool low = r.lo_open ? v <= r.lo : v < r.lo;
+  if (!low && v <= r.hi) return;
+  std::string expected;
+  if (std::isfinite(r.hi))
+    expected = "between " + plain_number(r.lo) + (r.lo_open ? " (excluded)" : "") + " and " + plain_number(r.hi);
+  else
+    expected = r.lo_open ? "greater than " + plain_number(r.lo) : "at least " + plain_number(r.lo);
+  throw Error(where + " must be " + expected + ", got " + str(name));
+}
+
 int64_t Args::integer(const std::string& name) const {
   const std::string v = str(name);
   try {
     size_t used = 0;
     double d = std::stod(v, &used);  // accepts 1e6 for token budgets
-    if (used != v.size() || d != static_cast<double>(static_cast<int64_t>(d))) throw 0;
-    return static_cast<int64_t>(d);
+    if (used != v.size() || !(std::fabs(d) < 9.2e18) || d != static_cast<double>(static_cast<int64_t>(d))) throw 0;
   } catch (...) {
     throw Error("linearize " + spec_.name + ": --" + name + " expects an integer, got \"" + v + "\"");
   }
+  const double d = std::stod(v);
+  check_range(name, d);
+  return static_cast<int64_t>(d);
 }
 
 double Args::number(const std::string& name) const {
@@ -114,10 +179,12 @@ double Args::number(const std::string& name) const {
     size_t used = 0;
     double d = std::stod(v, &used);
     if (used != v.size()) throw 0;
-    return d;
   } catch (...) {
     throw Error("linearize " + spec_.name + ": --" + name + " expects a number, got \"" + v + "\"");
   }
+  const double d = std::stod(v);
+  check_range(name, d);
+  return d;
 }
 
 std::vector<std::string> Args::str_list(const std::string& name) const { return split(str(name), ','); }
@@ -171,6 +238,7 @@ void Args::apply_config_file(const std::string& path) {
     }
   }
   check_required();
+  check_numbers();
 }
 
 std::string help_text(const CommandSpec& spec) {

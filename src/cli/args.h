@@ -54,6 +54,8 @@ class Args {
 
  private:
   void check_required() const;
+  void check_numbers() const;
+  void check_range(const std::string& name, double v) const;  // NaN, inf and out-of-range values are errors
   const OptionSpec& spec_of(const std::string& name) const;
   const CommandSpec& spec_;
   std::map<std::string, std::string> values_;

@@ -54,6 +54,9 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
   int64_t eos = -1;
   if (args.has("eos")) {
     eos = args.integer("eos");
+    if (eos < 0 || eos >= static_cast<int64_t>(tok->vocab_size()))
+      throw Error("linearize tokenize: --eos " + std::to_string(eos) + " is outside the tokenizer's vocabulary (0.." +
+                  std::to_string(tok->vocab_size() - 1) + ")");
   } else {
     try {
       auto config = LlamaConfig::load(tok_path);
@@ -73,7 +76,6 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
   o.field = args.str("field");
   o.shard_tokens = args.integer("shard-tokens");
   if (args.has("threads")) o.threads = static_cast<int>(args.integer("threads"));
-  if (args.has("threads") && o.threads < 1) throw Error("--threads must be at least 1");
   o.tokenizer_source = tok_path;
   o.progress = [](const TokenizeProgress& p) {
     const double s = std::max(p.seconds, 1e-9);

@@ -25,7 +25,7 @@ int tokenizer_train(const std::vector<std::string>& argv) {
       "(left id, right id), as in Hugging Face's BpeTrainer; the output is deterministic.\n\n"
       "example:\n  linearize tokenizer train --input a.txt,b.jsonl --vocab 8192 --out my-tok",
       {{"input", "FILES", "comma-separated .txt or .jsonl files", "", true},
-       {"vocab", "N", "vocabulary size, special tokens and the 256 bytes included (>= 259)", "", true},
+       {"vocab", "N", "vocabulary size, the 256 bytes and 3 special tokens included, so at least 260 (one merge)", "", true},
        {"out", "DIR", "folder to write tokenizer.json and tokenizer_config.json into", "", true},
        {"min-frequency", "K", "stop when the most frequent pair occurs fewer than K times", "2"},
        {"max-bytes", "N", "read at most N bytes of text in all (default: everything)"},

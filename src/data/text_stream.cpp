@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/error.h"
+#include "io/atomic_file.h"
 
 namespace linearize {
 
@@ -22,6 +23,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 FILE* open_file(const std::string& path) {
+  require_regular_file(path);
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw Error("cannot open " + path + ": " + std::strerror(errno));
   return f;

@@ -1,6 +1,7 @@
 #include "distill/stages.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 
@@ -124,8 +125,18 @@ DistillResult distill(const DistillOptions& o) {
     for (const auto& k : kinds) list += (list.empty() ? "" : ", ") + k;
     throw Error("unknown mixer \"" + o.mixer + "\" (expected one of: " + list + ")");
   }
-  for (int s : o.stages)
+  if (o.stages.empty()) throw Error("--stages: no stage given (expected some of 1,2,3 in order)");
+  for (size_t i = 0; i < o.stages.size(); ++i) {
+    const int s = o.stages[i];
     if (s < 1 || s > 3) throw Error("--stages: stage " + std::to_string(s) + " does not exist (1, 2 or 3)");
+    if (i > 0 && s <= o.stages[i - 1])
+      throw Error("--stages: stages must be given once each and in order (got " + std::to_string(o.stages[i - 1]) +
+                  " then " + std::to_string(s) + ")");
+  }
+  if (!(o.kl_temperature > 0) || !std::isfinite(o.kl_temperature))
+    throw Error("--kl-temperature must be greater than 0, got " + std::to_string(o.kl_temperature));
+  for (double w : {o.kl_weight, o.ce_weight})
+    if (!(w >= 0) || !std::isfinite(w)) throw Error("--kl-weight and --ce-weight must be finite and >= 0");
   if (o.splits.size() != 3) throw Error("--splits needs three parts a|b|c, one per stage");
   if (o.stage2_loss != "mse" && o.stage2_loss != "l2")
     throw Error("stage-2 loss \"" + o.stage2_loss + "\" unknown (expected mse or l2)");
@@ -144,7 +155,7 @@ DistillResult distill(const DistillOptions& o) {
     throw Error(o.teacher + ": the teacher is itself a linearized student; give a Llama teacher folder");
   teacher->eval();
   for (auto& p : teacher->parameters()) p.set_requires_grad(false);
-  auto tok = load_tokenizer(o.teacher);
+  auto tok = load_model_tokenizer(o.teacher, teacher->config);
   const int64_t eos = teacher->config.eos_token_ids.empty() ? -1 : teacher->config.eos_token_ids[0];
   const auto data = TrainingData::open(o.data, *tok, eos, teacher->config.vocab_size, o.teacher);
   if (o.tokens <= 0 && data.file_tokens() == 0)

@@ -131,6 +131,7 @@ TaskData load_lambada_jsonl(const std::string& path, int64_t limit) {
 
 std::string read_text_maybe_bz2(const std::string& path) {
   if (!ends_with(path, ".bz2")) return read_file(path);
+  require_regular_file(path);
   FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw Error("cannot open " + path + ": " + std::strerror(errno));
   std::string out;

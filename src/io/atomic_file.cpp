@@ -51,7 +51,15 @@ void write_file_atomic(const std::string& path, const std::function<void(std::os
   fsync_path(folder.string(), true);
 }
 
+void require_regular_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw Error(path + " is a folder; expected a file");
+  if (!S_ISREG(st.st_mode)) throw Error(path + " is not a regular file (a FIFO, socket or device); expected a file");
+}
+
 std::string read_file(const std::string& path) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot open " + path + ": " + std::strerror(errno));
   std::ostringstream ss;

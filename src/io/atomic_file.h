@@ -11,6 +11,10 @@ namespace linearize {
 void write_file_atomic(const std::string& path, const std::function<void(std::ostream&)>& write);
 
 // Reads a whole file; throws linearize::Error naming the path when it cannot be read.
+// Throws a one-line Error unless `path` is a regular file (following links): a missing path, a folder, a
+// FIFO or a device given where a file is expected is refused before anything opens it (a FIFO would block).
+void require_regular_file(const std::string& path);
+
 std::string read_file(const std::string& path);
 
 // Removes a file or a folder with everything in it (POSIX nftw; nothing happens when it is absent). Used

@@ -83,6 +83,7 @@ class WordCounter {
 
 // Feeds every line of a text file (with its '\n') to `counter`, reading in blocks.
 void count_text_file(const std::string& path, WordCounter& counter) {
+  require_regular_file(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open file (" + std::strerror(errno) + ")");
   std::string carry;
@@ -317,12 +318,7 @@ const std::vector<std::string>& bpe_trainer_special_tokens() {
 TrainedBpe train_bpe(const std::vector<std::string>& files, const BpeTrainOptions& options) {
   check_options(options);
   if (files.empty()) throw Error("BPE training: expected at least one input file, found none");
-  for (const auto& path : files) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec))
-      throw Error(path + ": expected a readable .txt or .jsonl file, found " +
-                  (std::filesystem::exists(path, ec) ? "something else (a folder?)" : "nothing"));
-  }
+  for (const auto& path : files) require_regular_file(path);  // all of them before the long count starts
   WordCounter counter(options.max_bytes, options.isolate_digits, options.progress);
   try {
     for (const auto& path : files) {

@@ -5,10 +5,12 @@
 #include <fstream>
 
 #include "io/error.h"
+#include "io/atomic_file.h"
 
 namespace linearize {
 
 void for_each_jsonl(const std::string& path, const std::function<void(const nlohmann::json&, int64_t)>& fn) {
+  require_regular_file(path);
   std::ifstream in(path);
   if (!in) throw Error("cannot open " + path + ": " + std::strerror(errno));
   std::string line;

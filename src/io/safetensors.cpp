@@ -71,6 +71,7 @@ std::string safetensors_dtype_name(torch::ScalarType dtype) {
 }
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  require_regular_file(path);
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
   struct stat st {};

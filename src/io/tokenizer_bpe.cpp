@@ -177,6 +177,7 @@ void split_isolated(const std::string& piece, const BpeRegex& re, std::vector<st
 // tokenizer.json helpers
 
 json read_json_file(const std::string& path) {
+  require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(path + ": cannot open file");
   try {
@@ -306,6 +307,7 @@ std::vector<AddedToken> parse_added_tokens(const json& j, const std::string& pat
 }
 
 std::string read_text_file(const std::string& path) {
+  require_regular_file(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(path + ": cannot open file");
   std::stringstream ss;
