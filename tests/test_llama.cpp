@@ -8,6 +8,8 @@
 #include "eval/perplexity.h"
 #include "infer/generate.h"
 #include "io/atomic_file.h"
+#include "io/bpe_trainer.h"
+#include "io/error.h"
 #include "io/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/model_io.h"
@@ -292,6 +294,66 @@ TEST(Llama, SaveLoadRoundTrip) {
     EXPECT_NE(msg.find("missing tensor \"model.layers.1.mlp.up_proj.weight\""), std::string::npos) << msg;
     EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
   }
+}
+
+// config.json is checked against the weights before anything is allocated: a vocabulary of a trillion
+// tokens or a layer count the file lacks is one clear error; so are a tokenizer larger than the model's
+// vocabulary and a shard index pointing outside the folder.
+TEST(Llama, ConfigTokenizerAndShardsCheckedBeforeLoading) {
+  torch::manual_seed(3);
+  LlamaConfig c;
+  c.vocab_size = 300; c.hidden_size = 16; c.intermediate_size = 32; c.num_hidden_layers = 2;
+  c.num_attention_heads = 2; c.num_key_value_heads = 2; c.head_dim = 8; c.rope_theta = 1e4;
+  c.tie_word_embeddings = true; c.eos_token_ids = {0};
+  c.raw = {{"model_type", "llama"}};
+  CausalLM model(c);
+  init_weights_normal(*model);
+  const std::string dir = (fs::temp_directory_path() / ("linearize_cfg_" + std::to_string(::getpid()))).string();
+  save_model(model, dir);
+  auto expect_error = [&](const std::string& what, auto&& fn) {
+    try {
+      fn();
+      ADD_FAILURE() << "expected an error containing: " << what;
+    } catch (const linearize::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  const std::string config_path = dir + "/config.json";
+  const std::string good = linearize::read_file(config_path);
+  auto with = [&](const char* key, nlohmann::json v) {
+    auto j = nlohmann::json::parse(good);
+    j[key] = v;
+    linearize::write_file_atomic(config_path, [&](std::ostream& o) { o << j.dump(); });
+  };
+  with("vocab_size", int64_t{1} << 40);
+  expect_error("vocab_size and hidden_size say model.embed_tokens.weight is [1099511627776, 16] but the weights hold [300, 16]",
+               [&] { load_model(dir); });
+  with("num_hidden_layers", 3);
+  expect_error("num_hidden_layers is 3 but the weights have no layer 2", [&] { load_model(dir); });
+  with("num_hidden_layers", 1);
+  expect_error("num_hidden_layers is 1 but the weights hold model.layers.1.", [&] { load_model(dir); });
+  with("intermediate_size", 64);
+  expect_error("intermediate_size and hidden_size say", [&] { load_model(dir); });
+  with("vocab_size", 300);
+  EXPECT_EQ(load_model(dir)->config.vocab_size, 300);
+
+  // A byte-level tokenizer (259 tokens plus merges) against a model of 300 and of 200 tokens.
+  linearize::BpeTrainOptions bo;
+  bo.vocab_size = 280;
+  linearize::train_bpe_texts({"the cat sat on the mat with the hat", "the dog sat on the log"}, bo).save(dir);
+  EXPECT_LE(linearize::load_model_tokenizer(dir, c)->vocab_size(), 300);
+  c.vocab_size = 200;
+  expect_error("the tokenizer has", [&] { linearize::load_model_tokenizer(dir, c); });
+
+  // Sharded weights whose index names a file outside the folder.
+  fs::rename(dir + "/model.safetensors", dir + "/shard.safetensors");
+  for (const char* bad : {"../shard.safetensors", "/etc/passwd", "sub/shard.safetensors"}) {
+    linearize::write_file_atomic(dir + "/model.safetensors.index.json", [&](std::ostream& o) {
+      o << nlohmann::json({{"weight_map", {{"model.embed_tokens.weight", bad}}}}).dump();
+    });
+    expect_error("expected a file name in the model's folder", [&] { load_model(dir); });
+  }
+  fs::remove_all(dir);
 }
 
 // The real tiny Llama from llama2.c: greedy generation from BOS reproduces llama2.c's text, and the

@@ -9,6 +9,8 @@
 
 namespace linearize::cli {
 
+namespace fs = std::filesystem;
+
 torch::Device parse_device(const std::string& s) {
   if (s == "cpu") return torch::kCPU;
   if (s.rfind("cuda", 0) == 0) {
@@ -21,7 +23,11 @@ torch::Device parse_device(const std::string& s) {
 
 OptionSpec device_option() { return {"device", "DEV", "cpu, cuda or cuda:N", "cpu"}; }
 
-std::unique_ptr<Tokenizer> model_tokenizer(const std::string& folder) { return load_tokenizer(folder); }
+std::unique_ptr<Tokenizer> model_tokenizer(const std::string& folder) {
+  // A tokenizer folder without a model (tokenize --tokenizer) has no vocabulary to check against.
+  if (!fs::exists(fs::path(folder) / "config.json")) return load_tokenizer(folder);
+  return load_model_tokenizer(folder, LlamaConfig::load(folder));
+}
 
 std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& tokenizer, bool prompt_empty) {
   const bool want_bos = tokenizer.kind() == "sentencepiece" || prompt_empty;

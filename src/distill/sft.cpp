@@ -111,7 +111,7 @@ SftResult run_sft(const SftOptions& o) {
   LoadOptions lo;
   lo.device = o.loop.device;
   auto model = load_model(o.model, lo);
-  auto tok = load_tokenizer(o.model);
+  auto tok = load_model_tokenizer(o.model, model->config);
   std::string note;
   auto format = chat_format_for(o.model, &note);
   const std::string system = o.system_given ? o.system : format.default_system;

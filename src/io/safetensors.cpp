@@ -233,7 +233,12 @@ WeightStore::WeightStore(const std::string& folder_or_file) : location_(folder_o
       std::vector<std::string> shard_names;
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
         if (!it.value().is_string()) throw Error(index.string() + ": weight_map[\"" + it.key() + "\"] must be a file name");
-        shard_names.push_back(it.value().get<std::string>());
+        const std::string name = it.value().get<std::string>();
+        // Shards live in the folder itself: a path elsewhere (absolute, or climbing out) is refused.
+        if (name.empty() || fs::path(name).has_parent_path() || name == "." || name == "..")
+          throw Error(index.string() + ": weight_map[\"" + it.key() + "\"] names \"" + name +
+                      "\"; expected a file name in the model's folder");
+        shard_names.push_back(name);
       }
       std::sort(shard_names.begin(), shard_names.end());
       shard_names.erase(std::unique(shard_names.begin(), shard_names.end()), shard_names.end());

@@ -20,17 +20,64 @@ void load_weights(CausalLM& model, const WeightStore& store) {
   }
 }
 
+namespace {
+
+// config.json against the weights' own shapes, before anything is allocated: a config that names a huge
+// vocabulary or more layers than the file holds is one clear error, not an allocation of its size.
+void check_config_matches_weights(const LlamaConfig& c, const WeightStore& store, const std::string& folder) {
+  const std::string where = folder + "/config.json";
+  auto expect = [&](const std::string& name, const std::vector<int64_t>& shape, const std::string& fields) {
+    if (!store.contains(name)) throw Error(store.location() + ": tensor " + name + " is missing (config.json: " + fields + ")");
+    const auto& got = store.info(name).shape;
+    if (got != shape) {
+      auto str = [](const std::vector<int64_t>& v) {
+        std::string s = "[";
+        for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+        return s + "]";
+      };
+      throw Error(where + ": " + fields + " say " + name + " is " + str(shape) + " but the weights hold " + str(got));
+    }
+  };
+  expect("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, "vocab_size and hidden_size");
+  if (!c.tie_word_embeddings && store.contains("lm_head.weight"))
+    expect("lm_head.weight", {c.vocab_size, c.hidden_size}, "vocab_size and hidden_size");
+  const std::string last = "model.layers." + std::to_string(c.num_hidden_layers - 1) + ".";
+  const std::string beyond = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+  bool has_last = false;
+  for (const auto& n : store.names()) {
+    if (n.rfind(last, 0) == 0) has_last = true;
+    if (n.rfind(beyond, 0) == 0)
+      throw Error(where + ": num_hidden_layers is " + std::to_string(c.num_hidden_layers) + " but the weights hold " + n);
+  }
+  if (!has_last)
+    throw Error(where + ": num_hidden_layers is " + std::to_string(c.num_hidden_layers) + " but the weights have no layer " +
+                std::to_string(c.num_hidden_layers - 1));
+  if (store.contains("model.layers.0.mlp.gate_proj.weight"))
+    expect("model.layers.0.mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, "intermediate_size and hidden_size");
+}
+
+}  // namespace
+
 CausalLM load_model(const std::string& folder, const LoadOptions& options) {
   auto config = LlamaConfig::load(folder);
   MixerFactory factory;
   if (config.raw.contains("linearize"))
     factory = student_factory(config, StudentSpec::from_json(config.raw["linearize"], folder + "/config.json"));
   WeightStore store(folder);
+  check_config_matches_weights(config, store, folder);
   CausalLM model(config, factory);
   load_weights(model, store);
   model->to(options.device, options.dtype);
   model->eval();
   return model;
+}
+
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& folder, const LlamaConfig& config) {
+  auto tok = load_tokenizer(folder);
+  if (tok->vocab_size() > config.vocab_size)
+    throw Error(folder + ": the tokenizer has " + std::to_string(tok->vocab_size()) +
+                " tokens but the model's vocabulary (config.json vocab_size) is " + std::to_string(config.vocab_size));
+  return tok;
 }
 
 void copy_tokenizer_files(const std::string& from, const std::string& folder) {

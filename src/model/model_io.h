@@ -8,6 +8,7 @@
 
 #include "io/hf_config.h"
 #include "io/safetensors.h"
+#include "io/tokenizer.h"
 #include "model/causal_lm.h"
 
 namespace linearize {
@@ -20,6 +21,10 @@ struct LoadOptions {
 // Builds the model a folder describes (a Llama teacher, or a student when config.json has a
 // "linearize" section) and loads its weights.
 CausalLM load_model(const std::string& folder, const LoadOptions& options = {});
+
+// The folder's tokenizer, refused when it has more tokens than the model's vocabulary (an id past the
+// embedding would fail deep inside libtorch, or silently read another row on some devices).
+std::unique_ptr<Tokenizer> load_model_tokenizer(const std::string& folder, const LlamaConfig& config);
 
 // Copies every parameter of `model` from `store` by name, converting dtype; throws on a missing
 // tensor or a shape mismatch. Tensors in the store that the model does not use are ignored.

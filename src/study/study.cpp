@@ -213,7 +213,7 @@ class Runner {
     LoadOptions lo;
     lo.device = device_;
     auto model = load_model(folder, lo);
-    auto tok = load_tokenizer(folder);
+    auto tok = load_model_tokenizer(folder, model->config);
     nlohmann::json r = {{"model", folder}};
     const auto& e = spec_.eval;
     if (!ppl_data_.empty()) {
