@@ -6,6 +6,7 @@
 //   - the student folder reloads (config "linearize" section, reference parameter names) and
 //     generates through its recurrent state.
 // Also: bad input is refused before training starts, and a killed distillation resumes exactly.
+#include <functional>
 #include <filesystem>
 #include <fstream>
 
@@ -206,6 +207,20 @@ TEST(Distill, KilledRunResumesExactly) {
   EXPECT_FALSE(r.finished);
   killed.loop.stop_after = -1;
   killed.loop.resume = true;
+  // Resuming with other settings would not continue the same run: refused, naming what differs.
+  for (auto change : std::vector<std::function<void(DistillOptions&)>>{
+           [](DistillOptions& d) { d.loop.seed += 1; }, [](DistillOptions& d) { d.loop.batch *= 2; },
+           [](DistillOptions& d) { d.stage[2].lr *= 3; }}) {
+    auto other = killed;
+    change(other);
+    try {
+      distill(other);
+      ADD_FAILURE() << "a resume with changed settings was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--resume with settings other than the run that wrote it"), std::string::npos)
+          << e.what();
+    }
+  }
   ASSERT_TRUE(distill(killed).finished);
   auto a = stage_losses(full.out), b = stage_losses(killed.out);
   for (const char* s : {"stage1", "stage2", "stage3"}) {

@@ -83,9 +83,23 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     if (p.requires_grad()) params.push_back(p);
 
   const std::string ckpt = o.run_dir.empty() ? "" : (fs::path(o.run_dir) / ("checkpoint-" + o.name)).string();
+  // What a resumed run must share with the one that wrote the checkpoint for the continuation to be exact.
+  // The step count may differ (a budget branch continues a longer run) and so may the number of processes.
+  const nlohmann::json settings = {{"seed", o.seed}, {"batch", o.batch}, {"tokens_per_row", loader.tokens_per_row()},
+                                   {"lr", o.schedule.lr}, {"schedule", o.schedule.kind},
+                                   {"weight_decay", o.optimizer.weight_decay}, {"clip", o.clip}};
   int64_t start = 0;
   TrainResult result;
   if (o.resume && !ckpt.empty() && checkpoint_exists(ckpt)) {
+    if (const auto saved = read_checkpoint_state(ckpt); saved.contains("settings")) {
+      std::string diff;
+      for (const auto& [key, value] : settings.items())
+        if (saved["settings"].contains(key) && saved["settings"][key] != value)
+          diff += (diff.empty() ? "" : ", ") + key + " " + value.dump() + " (checkpoint: " + saved["settings"][key].dump() + ")";
+      if (!diff.empty())
+        throw Error(ckpt + ": --resume with settings other than the run that wrote it: " + diff +
+                    "; resume with the original settings, or give a new --out");
+    }
     // Every rank reads the same checkpoint; the data position is global, so the number of
     // processes may differ from the run that wrote it.
     auto state = load_checkpoint(ckpt, module, *optimizer);
@@ -121,7 +135,8 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     if (main_rank)
       save_checkpoint(ckpt, module, *optimizer,
                       {{"stage", o.name}, {"step", step_done}, {"loss", loss}, {"data_position", loader.position_json()},
-                       {"seed", o.seed}, {"finished", finished}, {"steps", o.steps}, {"world_size", world}});
+                       {"seed", o.seed}, {"finished", finished}, {"steps", o.steps}, {"world_size", world},
+                       {"settings", settings}});
     if (group) group->barrier();  // no rank runs ahead of a checkpoint being written
   };
 
