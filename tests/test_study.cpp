@@ -110,6 +110,22 @@ TEST(Study, StoppedAndRerunMatchesAnUninterruptedRun) {
   }
 }
 
+// --only runs the selected cells and trains only the teachers they need.
+TEST(Study, OnlyTrainsTheTeachersOfTheSelectedCells) {
+  auto j = tiny_study();
+  j["mixers"] = nlohmann::json::array({"gla"});
+  const std::string out = test::fresh_dir("study", "only");
+  StudyOptions o;
+  o.out = out;
+  o.only = {"small__"};
+  const auto outcome = run_study(parse_study(j, "tiny.json", out), o);
+  EXPECT_TRUE(outcome.finished);
+  EXPECT_EQ(outcome.expected, 2);  // one teacher x one mixer x two budgets
+  EXPECT_EQ(results_in(out).size(), 2u);
+  EXPECT_TRUE(fs::exists(fs::path(out) / "teachers" / "small" / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(fs::path(out) / "teachers" / "large"));
+}
+
 TEST(Study, BadStudyFilesFailAtOnce) {
   const std::string dir = test::fresh_dir("study", "bad");
   auto error_of = [&](const std::function<void(nlohmann::json&)>& edit) {

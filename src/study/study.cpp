@@ -1,6 +1,7 @@
 // The study runner (see study.h): teachers, cells, WSD budget branches, evaluations, report.
 #include "study/study.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -67,7 +68,10 @@ class Runner {
     if (!o_.report_only) {
       try {
         prepare_data();
-        for (const auto& t : spec_.teachers) teacher(t);
+        for (const auto& t : spec_.teachers) {  // only the teachers of the selected cells (--only)
+          const bool used = std::any_of(cells.begin(), cells.end(), [&](const StudyCell& c) { return c.teacher == &t; });
+          if (used) teacher(t);
+        }
         int64_t n = 0;
         for (const auto& c : cells) {
           ++n;
