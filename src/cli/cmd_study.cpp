@@ -21,7 +21,7 @@ int cmd_study(const std::vector<std::string>& argv) {
       "checkpoints, and --max-minutes stops at a safe point so that a long study runs as several calls.",
       "[STUDY.json]",
       "presets (--preset NAME; --write FILE writes one out to copy and edit):\n"
-      "  mini   CPU, about 30 minutes on 2 cores: three tiny teachers the study trains, seven mixers each\n"
+      "  mini   CPU, about 15 minutes on 2 cores: three tiny teachers the study trains, seven mixers each\n"
       "  gpu    one H100/H200: teachers of about 10M, 40M and 150M parameters trained by the study on\n"
       "         ../shared/data prose and retrieval episodes, seven mixers each (--device cuda)\n"
       "  paper  the study's grid on your SmolLM2-135M/360M/1.7B folders (--teachers A,B,C) and tokens (--data)\n"

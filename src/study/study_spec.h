@@ -86,7 +86,7 @@ struct StudySpec {
 StudySpec read_study(const std::string& path);
 StudySpec parse_study(const nlohmann::json& j, const std::string& file, const std::string& base);
 
-// Built-in studies: paper (needs three teacher folders), mini (CPU, ~30 min), gpu (one H100/H200).
+// Built-in studies: paper (needs three teacher folders), mini (CPU, ~15 min), gpu (one H100/H200).
 std::vector<std::string> study_presets();
 nlohmann::json study_preset(const std::string& name, const std::vector<std::string>& teachers);
 
