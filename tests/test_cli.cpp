@@ -154,8 +154,8 @@ TEST(Cli, InfoGenerateAndPerplexityOnStories260K) {
   EXPECT_LT(p["ppl"].get<double>(), 30.0);  // a trained model on in-domain text
 }
 
-// The README's main job, quick: every mixer appears in the comparison with finite numbers, and the
-// report folder holds the Markdown and the figures.
+// The README's main job, quick: every mixer appears in the comparison with finite numbers, the teacher
+// can retrieve, and the report folder holds the Markdown and the figures.
 TEST(Cli, DemoQuickComparesAllSevenMixers) {
   const std::string out = tmp("demo");
   auto r = run("demo --quick --out " + out);
