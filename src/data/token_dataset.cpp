@@ -101,9 +101,10 @@ nlohmann::json read_index(const std::string& dir) {
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw Error(path + ": " + what);
   };
-  need(j.is_object() && j.value("format", "") == "linearize-tokens",
+  need(j.is_object() && j.contains("format") && j["format"] == "linearize-tokens",
        "not a token dataset index (expected \"format\": \"linearize-tokens\")");
-  need(j.value("version", 0) == 1, "index version " + j.value("version", nlohmann::json()).dump() + " unknown (expected 1)");
+  need(j.contains("version") && j["version"] == 1,
+       "index version " + (j.contains("version") ? j["version"].dump() : std::string("(none)")) + " unknown (expected 1)");
   need(j.contains("shards") && j["shards"].is_array(), "expected a \"shards\" list");
   need(j.contains("tokens") && j["tokens"].is_number_integer(), "expected \"tokens\" (an integer)");
   return j;
@@ -133,7 +134,7 @@ TokenDataset TokenDataset::open(const std::string& path, const Tokenizer* tokeni
     d.total_ += p->size;
     d.pieces_.push_back(std::move(p));
   };
-  if (fs::is_directory(path)) {
+  if (fs::is_directory(path)) try {
     d.index_ = read_index(path);
     for (const auto& s : d.index_["shards"]) {
       if (!s.is_object() || !s.contains("file") || !s["file"].is_string() || !s.contains("tokens") ||
@@ -148,6 +149,8 @@ TokenDataset TokenDataset::open(const std::string& path, const Tokenizer* tokeni
       throw Error(path + "/index.json: the shards hold " + std::to_string(d.total_) + " tokens but the index says " +
                   std::to_string(d.index_["tokens"].get<int64_t>()));
     return d;
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type
+    throw Error(path + "/index.json: unexpected content: " + e.what());
   }
   if (ends_with(path, ".u32") || ends_with(path, ".bin")) {
     add(map_shard(path, -1));
@@ -185,7 +188,7 @@ void TokenDataset::check_ids(const int32_t* ids, int64_t n, int64_t vocab, int64
                   "): data made with another tokenizer?");
 }
 
-void TokenDataset::check_tokenizer(const Tokenizer& tokenizer, const std::string& model) const {
+void TokenDataset::check_tokenizer(const Tokenizer& tokenizer, const std::string& model) const try {
   if (!index_.contains("tokenizer") || !index_["tokenizer"].is_object()) return;
   const auto& t = index_["tokenizer"];
   const int64_t vocab = t.value("vocab_size", int64_t{0});
@@ -195,6 +198,8 @@ void TokenDataset::check_tokenizer(const Tokenizer& tokenizer, const std::string
     throw Error(name_ + ": tokenized with another tokenizer (" + t.value("source", std::string("?")) + ", " +
                 std::to_string(vocab) + " tokens) than " + model + "'s (" + std::to_string(tokenizer.vocab_size()) +
                 " tokens): tokenize the data with the model's tokenizer");
+} catch (const nlohmann::json::exception& e) {
+  throw Error(name_ + "/index.json: unexpected \"tokenizer\" entry: " + e.what());
 }
 
 }  // namespace linearize

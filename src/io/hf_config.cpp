@@ -57,7 +57,7 @@ RopeScaling parse_rope_scaling(const nlohmann::json& s, const std::string& sourc
 
 }  // namespace
 
-LlamaConfig LlamaConfig::from_json(const nlohmann::json& j, const std::string& source) {
+LlamaConfig LlamaConfig::from_json_fields(const nlohmann::json& j, const std::string& source) {
   if (!j.is_object()) throw Error(source + ": config must be a JSON object");
   LlamaConfig c;
   c.raw = j;
@@ -143,6 +143,14 @@ LlamaConfig LlamaConfig::load(const std::string& folder_or_file) {
     throw Error(path + ": malformed JSON: " + e.what());
   }
   return from_json(j, path);
+}
+
+LlamaConfig LlamaConfig::from_json(const nlohmann::json& j, const std::string& source) {
+  try {
+    return from_json_fields(j, source);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong type, e.g. "tie_word_embeddings": null
+    throw Error(source + ": a field has an unexpected type: " + e.what());
+  }
 }
 
 nlohmann::json LlamaConfig::to_json() const {

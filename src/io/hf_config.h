@@ -52,6 +52,10 @@ struct LlamaConfig {
 
   int64_t kv_groups() const { return num_attention_heads / num_key_value_heads; }
   int64_t parameter_count() const;  // of the Llama teacher with this shape
+
+ private:
+  // from_json's work; a field of the wrong type throws nlohmann's error, which from_json turns into ours.
+  static LlamaConfig from_json_fields(const nlohmann::json& j, const std::string& source);
 };
 
 }  // namespace linearize
