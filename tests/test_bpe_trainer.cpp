@@ -445,3 +445,31 @@ TEST(BpeTrainer, DigitRunsMergeWithoutIsolation) {
   EXPECT_EQ(tok->decode(tok->encode(text, false)), text);
   EXPECT_LT(tok->encode(" 4817263", false).size(), 6u);  // fewer ids than the 8 bytes
 }
+
+// The Digits pre-tokenizer isolates every Unicode number (general categories Nd, Nl and No), as Hugging
+// Face's does (Rust's char::is_numeric): "½", "²" and Arabic-Indic "٣" are split from the space before
+// them like ASCII digits. The training text puts a space before several non-numbers that share the lead
+// byte of those numerals (0xC2: © § ® ¬; 0xD9: ـ ف), so the first merges join the space to that byte;
+// applied to " ½" they would join the space to the numeral, so the encodings show where the cut is.
+TEST(BpeTrainer, DigitsIsolateNonAsciiNumerals) {
+  BpeTrainOptions o;
+  o.vocab_size = 262;
+  o.isolate_digits = true;
+  std::vector<std::string> texts(
+      200, "a \xC2\xA9 b \xC2\xA7 c \xC2\xAE d \xC2\xAC e \xD9\x80 f \xD9\x81 g \xD9\x80 h \xD9\x81");
+  TrainedBpe b = linearize::train_bpe_texts(texts, o);
+  const std::string dir = tmp_dir("unicode_digits");
+  b.save(dir);
+  auto tok = linearize::load_tokenizer(dir);
+  const int32_t space = *tok->token_to_id("\xC4\xA0");  // "Ġ"
+  ASSERT_TRUE(tok->token_to_id("\xC4\xA0\xC3\x82").has_value()) << "expected the merge of the space and 0xC2";
+  ASSERT_TRUE(tok->token_to_id("\xC4\xA0\xC3\x99").has_value()) << "expected the merge of the space and 0xD9";
+  for (const std::string other : {"\xC2\xA9", "\xD9\x80"})  // © and ـ are not numbers: the space joins them
+    EXPECT_NE(tok->encode(" " + other, false).front(), space) << other;
+  for (const std::string numeral : {"\xC2\xBD", "\xC2\xB2", "\xD9\xA3"}) {  // ½ (No), ² (No), ٣ (Nd)
+    const auto ids = tok->encode(" " + numeral, false);
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids.front(), space) << "the space stays alone before " << numeral;
+    EXPECT_EQ(tok->decode(ids), " " + numeral);
+  }
+}
