@@ -45,7 +45,7 @@ struct DemoPlan {
 
 DemoPlan plan_for(bool quick) {
   if (quick) return {100, 1000, 20, 1024, 64, 2, 4, 2, 128, 4, 4000, 3e-3, 8, 8 * 128 * 120, {160, 256, 512}, 10};
-  return {200, 2000, 40, 1024, 64, 2, 4, 2, 256, 4, 8000, 3e-3, 8, 8 * 256 * 150, {160, 256, 512, 1024, 2048}, 20};
+  return {200, 2000, 40, 1024, 64, 2, 4, 2, 256, 4, 11000, 3e-3, 8, 8 * 256 * 150, {160, 256, 512, 1024, 2048}, 20};
 }
 
 // The training data, generated on the fly (train/training_data.h): RULER-form retrieval episodes with one
