@@ -161,28 +161,28 @@ void Args::check_range(const std::string& name, double v) const {
 
 int64_t Args::integer(const std::string& name) const {
   const std::string v = str(name);
+  double d = 0;
   try {
     size_t used = 0;
-    double d = std::stod(v, &used);  // accepts 1e6 for token budgets
+    d = std::stod(v, &used);  // accepts 1e6 for token budgets
     if (used != v.size() || !(std::fabs(d) < 9.2e18) || d != static_cast<double>(static_cast<int64_t>(d))) throw 0;
   } catch (...) {
     throw Error("linearize " + spec_.name + ": --" + name + " expects an integer, got \"" + v + "\"");
   }
-  const double d = std::stod(v);
   check_range(name, d);
   return static_cast<int64_t>(d);
 }
 
 double Args::number(const std::string& name) const {
   const std::string v = str(name);
+  double d = 0;
   try {
     size_t used = 0;
-    double d = std::stod(v, &used);
+    d = std::stod(v, &used);
     if (used != v.size()) throw 0;
   } catch (...) {
     throw Error("linearize " + spec_.name + ": --" + name + " expects a number, got \"" + v + "\"");
   }
-  const double d = std::stod(v);
   check_range(name, d);
   return d;
 }

@@ -21,6 +21,7 @@
 #include "io/tokenizer.h"
 #include "model/mixers/mixer_config.h"
 #include "model/model_io.h"
+#include "data/retrieval_mixtures.h"
 #include "report/study_reference.h"
 #include "report/svg.h"
 #include "train/pretrain.h"
@@ -63,7 +64,7 @@ nlohmann::json demo_mixture(bool quick) {
     return nlohmann::json{{"generator", "copy_drills"}, {"weight", weight}, {"max_values", 4}};
   };
   auto english = [](double weight) { return nlohmann::json{{"generator", "english_like"}, {"weight", weight}}; };
-  if (quick) return {{"sources", {episodes(0.25, 0, 250), drills(0.7), english(0.05)}}};
+  if (quick) return copy_drill_mixture();
   return {{"sources", {episodes(0.35, 0, 300), episodes(0.25, 300, 800), drills(0.3), english(0.1)}}};
 }
 

@@ -29,14 +29,9 @@ void check_config_matches_weights(const LlamaConfig& c, const WeightStore& store
   auto expect = [&](const std::string& name, const std::vector<int64_t>& shape, const std::string& fields) {
     if (!store.contains(name)) throw Error(store.location() + ": tensor " + name + " is missing (config.json: " + fields + ")");
     const auto& got = store.info(name).shape;
-    if (got != shape) {
-      auto str = [](const std::vector<int64_t>& v) {
-        std::string s = "[";
-        for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-        return s + "]";
-      };
-      throw Error(where + ": " + fields + " say " + name + " is " + str(shape) + " but the weights hold " + str(got));
-    }
+    if (got != shape)
+      throw Error(where + ": " + fields + " say " + name + " is " + shape_string(shape) + " but the weights hold " +
+                  shape_string(got));
   };
   expect("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, "vocab_size and hidden_size");
   if (!c.tie_word_embeddings && store.contains("lm_head.weight"))

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "data/retrieval_mixtures.h"
 #include "io/error.h"
 #include "model/mixers/mixer_config.h"
 #include "study/study_spec.h"
@@ -28,16 +29,6 @@ nlohmann::json small_mixture(const std::vector<std::string>& corpus, int64_t lon
   return {{"sources", sources}};
 }
 
-// The CPU teachers' data: the quick demo's recipe (128-token windows, mostly copy drills, short episodes),
-// with which a 2-layer teacher of hidden 64 learns to retrieve in 4000 steps of 4 windows.
-nlohmann::json drill_mixture() {
-  return {{"sources",
-           {{{"generator", "retrieval_episodes"}, {"weight", 0.25}, {"min_chars", 0}, {"max_chars", 250}, {"max_needles", 1},
-             {"max_questions", 1}},
-            {{"generator", "copy_drills"}, {"weight", 0.7}, {"max_values", 4}},
-            {{"generator", "english_like"}, {"weight", 0.05}}}}};
-}
-
 nlohmann::json teacher(const std::string& name, int64_t hidden, int64_t layers, int64_t heads, int64_t kv, int64_t seq,
                        int64_t batch, int64_t steps, double lr) {
   return {{"name", name},
@@ -55,7 +46,7 @@ nlohmann::json study_preset(const std::string& name, const std::vector<std::stri
     return {{"name", "mini"},
             {"notes", "CPU preset: three tiny teachers trained by the study on generated text, seven mixers each."},
             {"tokenizer", {{"train", {{"sample", {{"documents", 200}, {"episodes", 2000}}}, {"vocab", 1024}, {"isolate_digits", false}}}}},
-            {"data", drill_mixture()},
+            {"data", copy_drill_mixture()},  // the quick demo's recipe
             {"teachers",
              {teacher("tiny-32", 32, 2, 2, 1, 128, 4, 4000, 3e-3), teacher("tiny-48", 48, 2, 4, 2, 128, 4, 4000, 3e-3),
               teacher("tiny-64", 64, 2, 4, 2, 128, 4, 4000, 3e-3)}},
