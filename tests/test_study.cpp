@@ -154,3 +154,24 @@ TEST(Study, BadStudyFilesFailAtOnce) {
   EXPECT_NE(msg.find("unknown key \"lenghts\""), std::string::npos) << msg;
   EXPECT_TRUE(fs::is_empty(dir) || fs::directory_iterator(dir)->path().filename() == "s.json");
 }
+
+// Each built-in study is a file the study reader accepts as it stands (the paper preset with three copies of
+// the tiny real model as its teachers), and its data mixture's weights add up to one.
+TEST(Study, BuiltInPresetsAreValidStudies) {
+  const std::string model = test::data_dir() + "/models/stories260K";
+  LINEARIZE_REQUIRE_PATH(model);
+  for (const auto& name : study_presets()) {
+    SCOPED_TRACE(name);
+    const auto j = study_preset(name, name == "paper" ? std::vector<std::string>{model, model, model}
+                                                      : std::vector<std::string>{});
+    const auto spec = parse_study(j, name + ".json", test::data_dir());
+    EXPECT_EQ(spec.teachers.size(), 3u);
+    EXPECT_EQ(spec.mixers.size(), 7u);
+    if (spec.data.is_object()) {
+      double total = 0;
+      for (const auto& s : spec.data["sources"]) total += s["weight"].get<double>();
+      EXPECT_NEAR(total, 1.0, 1e-9);
+    }
+  }
+  EXPECT_THROW(study_preset("paper", {model}), Error);
+}

@@ -12,20 +12,18 @@ namespace linearize {
 
 namespace {
 
-// What the small teachers train on, generated as training goes: RULER-form retrieval episodes (short ones,
-// which a small model learns from first, and long ones up to about its training length), copy drills
-// (dense practice for the induction that retrieval needs; without them a tiny teacher did not learn to
-// retrieve within its budget) and English-like documents; `corpus` (text files or token datasets of real
-// prose) takes a fifth of the weight when given.
-nlohmann::json small_mixture(const std::vector<std::string>& corpus, int64_t long_chars) {
+// What the GPU preset's teachers train on: real prose from `corpus` (text files or token datasets; 40% of
+// the weight, so that held-out prose means something), RULER-form retrieval episodes generated as training
+// goes (short ones, which a small model learns from first, and long ones up to about its training
+// length), and copy drills (dense practice for the induction that retrieval needs).
+nlohmann::json prose_and_retrieval_mixture(const std::vector<std::string>& corpus, int64_t long_chars) {
   nlohmann::json sources = {
-      {{"generator", "retrieval_episodes"}, {"weight", 0.3}, {"min_chars", 0}, {"max_chars", 300}, {"max_needles", 1},
+      {{"generator", "retrieval_episodes"}, {"weight", 0.25}, {"min_chars", 0}, {"max_chars", 300}, {"max_needles", 1},
        {"max_questions", 1}},
       {{"generator", "retrieval_episodes"}, {"weight", 0.2}, {"min_chars", 300}, {"max_chars", long_chars},
        {"max_needles", 2}, {"max_questions", 2}},
-      {{"generator", "copy_drills"}, {"weight", 0.3}, {"max_values", 4}, {"max_filler", 2}},
-      {{"generator", "english_like"}, {"weight", corpus.empty() ? 0.2 : 0.05}}};
-  for (const auto& c : corpus) sources.push_back({{"path", c}, {"weight", 0.15 / static_cast<double>(corpus.size())}});
+      {{"generator", "copy_drills"}, {"weight", 0.15}, {"max_values", 4}, {"max_filler", 2}}};
+  for (const auto& c : corpus) sources.push_back({{"path", c}, {"weight", 0.4 / static_cast<double>(corpus.size())}});
   return {{"sources", sources}};
 }
 
@@ -65,7 +63,7 @@ nlohmann::json study_preset(const std::string& name, const std::vector<std::stri
             {"notes", "GPU preset: teachers trained by the study on prose plus retrieval episodes; run with --device cuda."},
             {"tokenizer", {{"train", {{"inputs", {"corpus/austen_emma.txt", "corpus/web_bible.txt", "corpus/tinystories_val.txt"}},
                                       {"sample", {{"documents", 400}, {"episodes", 4000}}}, {"vocab", 8192}, {"isolate_digits", false}}}}},
-            {"data", small_mixture({"corpus/web_bible.txt", "corpus/austen_emma.txt", "corpus/tinystories_val.txt"}, 3600)},
+            {"data", prose_and_retrieval_mixture({"corpus/web_bible.txt", "corpus/austen_emma.txt", "corpus/tinystories_val.txt"}, 3600)},
             {"teachers",
              {teacher("t-10m", 256, 6, 4, 2, 1024, 16, 4000, 1.5e-3), teacher("t-40m", 512, 8, 8, 4, 1024, 16, 4000, 1e-3),
               teacher("t-150m", 768, 14, 12, 4, 1024, 16, 4000, 8e-4)}},
@@ -74,7 +72,7 @@ nlohmann::json study_preset(const std::string& name, const std::vector<std::stri
             {"distill", {{"seq_len", 1024}, {"batch", 16}, {"lr", {1e-3, 1e-3, 5e-4}}}},
             {"eval",
              {{"ppl", {{"data", "heldout/wikitext2.valid.txt"}, {"seq_len", 1024}, {"max_tokens", 200000}}},
-              {"niah", {{"tasks", {"s_niah_1"}}, {"lengths", {512, 1024, 2048, 4096}}, {"samples", 40}, {"max_new_tokens", 24}}}}},
+              {"niah", {{"tasks", {"s_niah_1"}}, {"lengths", {256, 512, 1024, 2048}}, {"samples", 40}, {"max_new_tokens", 24}}}}},
             {"device", "cuda"}};
   }
   if (name == "paper") {
