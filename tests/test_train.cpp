@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "compat/cpu_threads.h"
 #include "compat/torch_compat.h"
 #include "io/atomic_file.h"
 #include "io/error.h"
@@ -68,6 +69,21 @@ std::vector<double> losses(const std::string& run_dir) {
 }
 
 }  // namespace
+
+// The demo trains on one thread: the scope sets libtorch's thread count and puts the previous one back.
+TEST(CpuThreads, ScopeSetsAndRestores) {
+  const int before = cpu_threads();
+  {
+    CpuThreadsScope one(1);
+    EXPECT_EQ(cpu_threads(), 1);
+    {
+      CpuThreadsScope two(2);
+      EXPECT_EQ(cpu_threads(), 2);
+    }
+    EXPECT_EQ(cpu_threads(), 1);
+  }
+  EXPECT_EQ(cpu_threads(), before);
+}
 
 TEST(Schedule, Shapes) {
   Schedule s;
