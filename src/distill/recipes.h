@@ -1,4 +1,4 @@
-// Post-training recipes that chain the pipeline's steps (DESIGN.md, "The pipeline").
+// Post-training recipes that chain the pipeline's steps (docs/design.md, "Post-training").
 //
 // instruct (instruction-aware distillation): stages 1-2 of distill (attention-output and hidden-state
 // alignment) against an instruction-tuned teacher, writing the aligned student to OUT/distilled,

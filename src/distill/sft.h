@@ -1,4 +1,4 @@
-// Supervised fine-tuning (DESIGN.md, post-training): conversations in the ChatML template, next-token
+// Supervised fine-tuning (docs/design.md, "Post-training"): conversations in the ChatML template, next-token
 // cross-entropy on assistant tokens only, through the shared training loop (checkpoints, exact
 // resume, metrics.jsonl). Works for a Llama teacher and for any student folder.
 //

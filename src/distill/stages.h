@@ -1,4 +1,4 @@
-// The three-stage distillation of a student from its teacher (DESIGN.md, "The pipeline"):
+// The three-stage distillation of a student from its teacher (docs/design.md, "Distillation"):
 //   1. attention-output alignment: every replaced layer l, input = the teacher's residual stream h_l,
 //      loss = MSE(mixer(input_layernorm(h_l)), teacher attention output of layer l), summed over
 //      layers; only the mixers and their input norms train.

@@ -5,7 +5,7 @@
 // - padding along time to a multiple of the chunk size, with a chosen fill value.
 // - gates: every decay kind (none, fixed [H], scalar [B,T,H], vector [B,T,H,K]) brought to one
 //   per-step log-decay tensor [B,H,T] or [B,H,T,K] in the compute dtype. A fixed decay is zero on
-//   padded steps, so padding never decays the final state (spec §2.3, pitfall 7).
+//   padded steps, so padding never decays the final state (docs/design.md, "Padding").
 // - gated_scores: the intra-chunk score matrix  Σ_d X[r,d] Y[j,d] exp(G[r,d] - G[j,d])  for j <= r
 //   (or j < r), masked before any exp, without ever forming exp(-G) on its own.
 #pragma once

@@ -1,5 +1,5 @@
-// Small building blocks shared by the seven mixer layers (spec §0.2), so each mixer file shows only
-// what differs in its math:
+// Small building blocks shared by the seven mixer layers (docs/design.md, "Building blocks"), so each mixer file shows
+// only what differs in its math:
 //   ShortConv      depthwise causal conv over time (fla ShortConvolution): y_t[c] = Σ_i w[c,i] x_{t-W+1+i}[c],
 //                  weight [C, 1, W], optional bias, optional silu. Decoding carries the last W-1 *pre-conv*
 //                  inputs per channel, [B, C, W-1].
@@ -8,7 +8,7 @@
 //   split_heads    [B, T, H*D] -> [B, T, H, D];  repeat_heads: KV head j serves heads j*G .. j*G+G-1 (HF
 //                  repeat_kv, head-major), [B, T, Hkv, D] -> [B, T, Hkv*G, D].
 //   linear_init    N(0, std) weights, zero biases of every Linear / ShortConv below m (fla _init_weights);
-//                  dt_bias_init (spec §5.1).
+//                  dt_bias_init (docs/design.md, "Building blocks").
 //   MixerStep      how one forward call runs: whole sequence, prefill (chunked from a state) or decode.
 // What it does not do: no variable-length packing (cu_seqlens); one sequence per batch row.
 #pragma once

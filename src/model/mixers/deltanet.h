@@ -1,4 +1,4 @@
-// DeltaNet (fla DeltaNet; spec §4): the delta rule without decay,
+// DeltaNet (fla DeltaNet; docs/design.md, "DeltaNet"): the delta rule without decay,
 //   u_t = β_t (v_t - S_{t-1}^T k_t),  S_t = S_{t-1} + k_t u_t^T,  o_t = S_t^T (s q_t),  s = Dk^-1/2,
 // with q, k L2-normalised per head (eps 1e-6), β_t = σ(b_proj x_t) (x2 with allow_neg_eigval), then
 // y = o_proj(o_norm(o)) or, with the output gate (fla use_gate), o_proj(o_norm(o) ⊙ swish(g_proj x)).

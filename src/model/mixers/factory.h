@@ -1,15 +1,14 @@
 // Building a student mixer from its config, and starting it from a teacher's attention layer.
 //
-// init_mixer_from_teacher (spec §11, DESIGN.md "The pipeline"):
+// init_mixer_from_teacher (docs/design.md, "Starting a student from its teacher"):
 //   q_proj and o_proj are copied; k_proj and v_proj are copied as they are when the student's shape is
 //   the teacher's (native GQA: linear_attention, retnet, gla with num_kv_heads = teacher's), otherwise
 //   after repeating each teacher KV head to the query heads that share it: rows of student head h =
 //   rows of teacher KV head h / (H / Hkv) (blocks of head_dim rows; HF repeat_kv order). mLSTM names
 //   them q, k, v, out_proj. Short convolutions get the identity init (last tap 1), so the teacher's
-//   q, k, v pass through them (spec §11 "Choices"; the silu remains). RoPE is dropped (RetNet keeps its
-//   own rotary, base = config.rope_theta). Everything else keeps its fresh init.
-//   A projection whose shape matches neither form is left fresh; the returned notes say which, and what
-//   was copied.
+//   q, k, v pass through them (the silu remains). RoPE is dropped (RetNet keeps its own rotary, base =
+//   config.rope_theta). Everything else keeps its fresh init. A projection whose shape matches neither form
+//   is left fresh; the returned notes say which, and what was copied.
 // Not done here: embeddings, norms and MLP (the model-level conversion copies those).
 #pragma once
 #include <memory>

@@ -1,4 +1,5 @@
-// Gated DeltaNet (fla GatedDeltaNet; spec §5): the delta rule with a data-dependent scalar decay per head,
+// Gated DeltaNet (fla GatedDeltaNet; docs/design.md, "Gated DeltaNet"): the delta rule with a data-dependent scalar
+// decay per head,
 //   g_t = -exp(A_log) softplus(a_proj x_t + dt_bias)  (log decay [H], fp32),  α_t = e^{g_t},
 //   u_t = β_t (v_t - (α_t S_{t-1})^T k_t),  S_t = α_t S_{t-1} + k_t u_t^T,  o_t = S_t^T (s q_t),
 // q, k L2-normalised, β = σ(b_proj x), then y = o_proj(o_norm(o) ⊙ swish(g_proj x)).

@@ -1,4 +1,4 @@
-// Gated Linear Attention (fla GatedLinearAttention; spec §3): a data-dependent decay per key channel,
+// Gated Linear Attention (fla GatedLinearAttention; docs/design.md, "GLA"): a data-dependent decay per key channel,
 //   g_t = logsigmoid(gk_proj(x_t)) / normalizer  (log decay, [H, Dk]),  α_t = e^{g_t},
 //   S_t = Diag(α_t) S_{t-1} + k_t v_t^T,  o_t = S_t^T (s q_t),  s = Dk^-1/2,
 // then y = o_proj(g_norm(o) ⊙ swish(g_proj x)) (g_norm alone without the output gate).

@@ -1,4 +1,4 @@
-// Kimi Delta Attention (fla KimiDeltaAttention; spec §6): the delta rule with a data-dependent decay per
+// Kimi Delta Attention (fla KimiDeltaAttention; docs/design.md, "KDA"): the delta rule with a data-dependent decay per
 // head and key channel,
 //   g_t[h,d] = -exp(A_log[h]) softplus(f_proj(x_t)[h,d] + dt_bias[h*Dk+d])   (log decay [H, Dk], fp32)
 //   u_t = β_t (v_t - (Diag(α_t) S_{t-1})^T k_t),  S_t = Diag(α_t) S_{t-1} + k_t u_t^T,  o_t = S_t^T (s q_t),

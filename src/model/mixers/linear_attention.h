@@ -1,8 +1,8 @@
-// Linear Attention (fla LinearAttention; spec §1): S_t = S_{t-1} + φ(k_t) v_t^T,  o_t = S_t^T (s φ(q_t)),
-// s = (feature dim)^-1/2; then a per-head RMSNorm (optional) and o_proj. No decay, no RoPE.
-// Options (fla's, and the study's student): silu short convs on q, k, v before the feature map
-// (use_short_conv); q and k sum-normalised after it (norm_q, norm_k: x / (Σx + 1e-4)); the output divided
-// by s φ(q_t) . z_t + 1e-10 with z_t = Σ_{u<=t} φ(k_u) (feature_map_norm, fla's do_feature_map_norm).
+// Linear Attention (fla LinearAttention; docs/design.md, "Linear Attention"): S_t = S_{t-1} + φ(k_t) v_t^T,  o_t =
+// S_t^T (s φ(q_t)), s = (feature dim)^-1/2; then a per-head RMSNorm (optional) and o_proj. No decay, no RoPE. Options
+// (fla's, and the study's student): silu short convs on q, k, v before the feature map (use_short_conv); q and k
+// sum-normalised after it (norm_q, norm_k: x / (Σx + 1e-4)); the output divided by s φ(q_t) . z_t + 1e-10 with z_t =
+// Σ_{u<=t} φ(k_u) (feature_map_norm, fla's do_feature_map_norm).
 //
 // Parameters (fla names): q_proj [H*Dk, hidden], k_proj / v_proj [Hkv*D, hidden] (native GQA: KV head
 // j serves heads j*G .. j*G+G-1), o_proj [hidden, H*Dv], feature_map_q / feature_map_k (see

@@ -4,9 +4,9 @@
 // Field names follow fla's layer arguments where fla has one (hidden_size, num_heads, num_kv_heads,
 // use_short_conv, conv_size, gate_logit_normalizer, gate_low_rank_dim, norm_eps, ...); head sizes are
 // given explicitly (head_k_dim, head_v_dim) instead of fla's expand_k / expand_v / head_dim, because the
-// fla defaults differ per layer (spec pitfall 10) and a linearized student must mirror the teacher.
-// A zero head count or head size means "derive": num_kv_heads 0 = num_heads, head dims 0 =
-// hidden / num_heads.
+// fla defaults differ per layer (docs/design.md, "Head sizes and fla's defaults") and a linearized student must mirror
+// the teacher. A zero head count or head size means "derive": num_kv_heads 0 = num_heads, head dims 0 = hidden /
+// num_heads.
 //
 // Presets (mixer_preset):
 //   default  the teacher's layout: num_heads = teacher heads, head_k_dim = head_v_dim = teacher head_dim;
@@ -81,7 +81,7 @@ struct MixerConfig {
 
   // mLSTM (xLSTM large layer)
   double mlstm_gate_soft_cap = 15.0;      // i, f pre-activations: cap * tanh(x / cap)
-  double mlstm_igate_bias_init = 0.0;     // spec pitfall 9: 0 (not xLSTM-7B's -10) so |n.q| sets the scale
+  double mlstm_igate_bias_init = 0.0;     // docs/design.md, "mLSTM": 0 (not xLSTM-7B's -10) so |n.q| sets the scale
   double mlstm_fgate_bias_min = 3.0;      // fgate bias = linspace(min, max, heads)
   double mlstm_fgate_bias_max = 6.0;
   double mlstm_norm_eps = 1e-6;           // multi-head LayerNorm eps
@@ -111,7 +111,7 @@ struct MixerConfig {
   static MixerConfig defaults_for(const std::string& kind);
 };
 
-// All mixer kinds, in the order of DESIGN.md's table.
+// All mixer kinds, in the order of the table in docs/design.md, "The seven mixers".
 std::vector<std::string> mixer_kinds();
 std::vector<std::string> mixer_presets();
 

@@ -1,4 +1,4 @@
-// mLSTM (xLSTM large / xLSTM-7B layer; spec §7.1a, §7.2): gated linear attention with an exponential
+// mLSTM (xLSTM large / xLSTM-7B layer; docs/design.md, "mLSTM"): gated linear attention with an exponential
 // input gate, a sigmoid forget gate, a normaliser and a max-stabiliser (per head, m_0 = 0):
 //   ι = cap·tanh(igate_preact(x)/cap),  φ = cap·tanh(fgate_preact(x)/cap)   (cap = 15; [B,T,H])
 //   m_t = max(logσ(φ_t) + m_{t-1}, ι_t),  f' = e^{logσ(φ_t) + m_{t-1} - m_t},  i' = e^{ι_t - m_t}
@@ -10,7 +10,7 @@
 // igate_preact, fgate_preact [H, hidden] + bias, multihead_norm.weight [H*Dv], out_proj [hidden, H*Dv].
 // Init: gate weights 0; fgate bias linspace(3, 6, H) (f ≈ 0.953 .. 0.998); igate bias 0 (config
 // mlstm_igate_bias_init), not xLSTM-7B's -10: with -10 the e^{-m} floor dominates the denominator and the
-// layer outputs ≈ 0 at init (spec pitfall 9), useless when starting from a teacher; with 0, i' = 1 and
+// layer outputs ≈ 0 at init (docs/design.md, "mLSTM"), useless when starting from a teacher; with 0, i' = 1 and
 // |n·q| sets the scale. Other weights use xLSTM's small init N(0, sqrt(2/(5 hidden))) (out_proj too: the
 // layer does not know the block count that Wang init needs).
 // State: "c" [B,H,Dk,Dv], "n" [B,H,Dk], "m" [B,H], all fp32.

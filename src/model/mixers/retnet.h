@@ -1,4 +1,4 @@
-// RetNet multi-scale retention (fla MultiScaleRetention; spec §2): a fixed decay per head,
+// RetNet multi-scale retention (fla MultiScaleRetention; docs/design.md, "RetNet"): a fixed decay per head,
 //   γ_h = 1 - 2^(-5-h),  S_t = γ_h S_{t-1} + k_t v_t^T,  o_t = S_t^T (s q_t),  s = Dk^-1/2,
 // with rotary position embedding (rotate-half, base rope_theta) on q and k, then
 // y = o_proj(g_norm(o) ⊙ swish(g_proj x)) (g_norm alone without the output gate).

@@ -1,4 +1,4 @@
-// Family B, chunked form (spec §8.B): the gated delta rule through the WY/UT representation.
+// Family B, chunked form (docs/design.md, "Chunked delta rule"): the gated delta rule through the WY/UT representation.
 //
 // Per chunk n, with G the chunk-local cumulative log decay (fp32) and Γ[r,j,d] = exp(G[r,d] - G[j,d]):
 //   L[r,j]  = beta_r Σ_d K[r,d] K[j,d] Γ[r,j,d]   for j < r            (strictly lower)

@@ -1,13 +1,14 @@
-// Family A, chunked form (spec §8.A): gated linear attention in chunks of C, for training and prefill.
+// Family A, chunked form (docs/design.md, "Chunked gated linear attention"): gated linear attention in chunks of C, for
+// training and prefill.
 //
 // Per chunk n, with G the chunk-local cumulative log decay (fp32, reset every chunk):
 //   A[r,j]  = scale Σ_d Q[r,d] K[j,d] exp(G[r,d] - G[j,d])   for j <= r          (intra-chunk scores)
 //   O       = scale (Q ⊙ e^G) S^(n) + A V
 //   S^(n+1) = Diag(e^{G_last}) S^(n) + (K ⊙ e^{G_last - G})^T V
 // Everything but the state recurrence is one batched op over all chunks; the recurrence is
-// detail::state_pass (a loop over chunks, or one CUDA kernel each way). All exponents are <= 0 (vector gates: see detail::gated_scores).
-// On CUDA, 16-bit inputs take the fused kernels instead: fused_chunk.cpp without a per-channel gate,
-// fused_vector_chunk.cpp with one (head size 64).
+// detail::state_pass (a loop over chunks, or one CUDA kernel each way). All exponents are <= 0 (vector gates: see
+// detail::gated_scores). On CUDA, 16-bit inputs take the fused kernels instead: fused_chunk.cpp without a per-channel
+// gate, fused_vector_chunk.cpp with one (head size 64).
 //
 // Shapes: q, k [B,T,H,K]; v [B,T,H,V]; g undefined / [H] / [B,T,H] / [B,T,H,K]; inside, [B,H,N,C,D]
 // with N = ceil(T/C). T is zero-padded to N*C: zero q, k, v and zero log decay on padded steps (a

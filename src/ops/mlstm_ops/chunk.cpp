@@ -1,5 +1,5 @@
-// Family C, chunked form (spec §8.C): the stabilised mLSTM in chunks of C; reproduces the recurrence
-// exactly, including the max state m.
+// Family C, chunked form (docs/design.md, "Chunked mLSTM"): the stabilised mLSTM in chunks of C; reproduces the
+// recurrence exactly, including the max state m.
 //
 // Per chunk, with b_r = Σ_{r' <= r} log f (chunk-local, fp32), i = input gate pre-activation and
 // (C, n, m) the state entering the chunk:

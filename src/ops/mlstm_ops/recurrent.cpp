@@ -1,4 +1,4 @@
-// Family C, recurrent form: the stabilised mLSTM cell one token at a time (spec §7.2; the reference and
+// Family C, recurrent form: the stabilised mLSTM cell one token at a time (docs/design.md, "mLSTM"; the reference and
 // the decode path).
 //
 //   log f_t = logsigmoid(fgate_t),   m_t = max(log f_t + m_{t-1}, igate_t)
