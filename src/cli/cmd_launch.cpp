@@ -17,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/self_exe.h"
 #include "io/error.h"
 
 namespace linearize::cli {
@@ -47,13 +48,6 @@ int free_port() {
   const int port = ntohs(addr.sin_port);
   ::close(fd);
   return port;
-}
-
-std::string self_exe() {
-  std::vector<char> buf(4096);
-  const ssize_t n = ::readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  if (n <= 0) throw Error("launch: cannot find this program's path (/proc/self/exe)");
-  return std::string(buf.data(), static_cast<size_t>(n));
 }
 
 }  // namespace

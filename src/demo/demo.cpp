@@ -1,15 +1,24 @@
 #include "demo/demo.h"
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "compat/cpu_threads.h"
 #include "data/retrieval_episodes.h"
@@ -19,6 +28,7 @@
 #include "eval/niah.h"
 #include "eval/perplexity.h"
 #include "io/atomic_file.h"
+#include "io/error.h"
 #include "io/bpe_trainer.h"
 #include "io/token_shards.h"
 #include "io/tokenizer.h"
@@ -269,6 +279,116 @@ void write_report(const std::vector<DemoRow>& rows, const DemoOptions& o, const 
   write_file_atomic((fs::path(dir) / "results.json").string(), [&](std::ostream& out) { out << j.dump(2) << "\n"; });
 }
 
+// What one student's distillation takes, as options of `linearize distill` (the child-process path) and as
+// DistillOptions (the in-process path): the same run either way.
+struct StudentRun {
+  std::string mixer, dir, teacher, data;
+  int64_t seq_len, tokens, batch;
+  uint64_t seed;
+  torch::Device device = torch::kCPU;
+
+  DistillOptions options() const {
+    DistillOptions d;
+    d.teacher = teacher;
+    d.data = data;
+    d.out = dir;
+    d.mixer = mixer;
+    d.seq_len = seq_len;
+    d.tokens = tokens;
+    d.splits = {0.1, 0.1, 0.8};
+    d.stage[0].lr = 3e-3;
+    d.stage[1].lr = 2e-3;
+    d.stage[2].lr = 1e-3;
+    d.loop.batch = batch;
+    d.loop.seed = seed;
+    d.loop.device = device;
+    d.loop.resume = true;
+    d.loop.log_every = 1000000;  // one line per stage start and end
+    return d;
+  }
+  std::vector<std::string> arguments() const {
+    return {"distill", "--teacher", teacher, "--mixer", mixer, "--data", data, "--out", dir,
+            "--seq-len", std::to_string(seq_len), "--tokens", std::to_string(tokens), "--splits", "0.1|0.1|0.8",
+            "--lr1", "3e-3", "--lr2", "2e-3", "--lr3", "1e-3", "--batch", std::to_string(batch),
+            "--seed", std::to_string(seed), "--device", "cpu", "--resume", "--log-every", "1000000"};
+  }
+};
+
+// The last `n` lines of a file, for an error message.
+std::string tail_of(const std::string& path, int n) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::string out;
+  for (size_t i = lines.size() > static_cast<size_t>(n) ? lines.size() - n : 0; i < lines.size(); ++i)
+    out += "\n  " + lines[i];
+  return out;
+}
+
+// Runs each student's `program distill ...` as a child process with one CPU thread, `jobs` at a time, its
+// output in `<dir>.log`; returns each one's seconds. The first failure stops the others and is an Error
+// naming the student and quoting the end of its log.
+std::vector<double> distill_in_children(const std::vector<StudentRun>& runs, const std::string& program,
+                                        int64_t jobs) {
+  std::vector<double> seconds(runs.size(), 0);
+  std::vector<pid_t> pids(runs.size(), -1);
+  std::vector<Clock::time_point> started(runs.size());
+  size_t next = 0, running = 0;
+  auto stop_all = [&] {
+    for (pid_t pid : pids)
+      if (pid > 0) ::kill(pid, SIGTERM);
+    for (pid_t& pid : pids)
+      if (pid > 0) ::waitpid(pid, nullptr, 0), pid = -1;
+  };
+  while (next < runs.size() || running > 0) {
+    while (next < runs.size() && static_cast<int64_t>(running) < jobs) {
+      const auto& r = runs[next];
+      const std::string log = r.dir + ".log";
+      std::vector<std::string> args = r.arguments();
+      std::vector<char*> argv{const_cast<char*>(program.c_str())};
+      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      const pid_t pid = ::fork();
+      if (pid < 0) {
+        stop_all();
+        throw Error("demo: cannot start a process for " + r.mixer);
+      }
+      if (pid == 0) {
+        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) ::dup2(fd, 1), ::dup2(fd, 2);
+        ::setenv("OMP_NUM_THREADS", "1", 1);
+        ::execv(program.c_str(), argv.data());
+        std::cerr << "error: demo: cannot run " << program << "\n";
+        ::_exit(127);
+      }
+      pids[next] = pid;
+      started[next] = Clock::now();
+      ++next, ++running;
+    }
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      stop_all();
+      throw Error("demo: lost track of the student processes");
+    }
+    const auto it = std::find(pids.begin(), pids.end(), pid);
+    if (it == pids.end()) continue;
+    const size_t i = static_cast<size_t>(it - pids.begin());
+    *it = -1;
+    --running;
+    seconds[i] = since(started[i]);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code != 0) {
+      stop_all();
+      throw Error("demo: distilling " + runs[i].mixer + " failed (exit code " + std::to_string(code) + "); the end of " +
+                  runs[i].dir + ".log:" + tail_of(runs[i].dir + ".log", 5));
+    }
+    say("  " + runs[i].mixer + " done in " + fixed(seconds[i], 0) + " s");
+  }
+  return seconds;
+}
+
 }  // namespace
 
 std::vector<DemoRow> run_demo(const DemoOptions& o) {
@@ -345,34 +465,33 @@ std::vector<DemoRow> run_demo(const DemoOptions& o) {
     pretrain(po);
   }
 
-  // 3. Students.
-  std::vector<std::pair<std::string, double>> student_dirs;
-  for (size_t i = 0; i < mixers.size(); ++i) {
-    const auto& m = mixers[i];
-    const std::string dir = (root / "students" / m).string();
-    say("3/5 distilling " + m + " (" + std::to_string(i + 1) + "/" + std::to_string(mixers.size()) + ")");
-    const auto t0 = Clock::now();
-    if (!is_model_folder(dir)) {
-      DistillOptions d;
-      d.teacher = teacher_dir;
-      d.data = mixture;
-      d.out = dir;
-      d.mixer = m;
-      d.seq_len = p.seq_len;
-      d.tokens = p.distill_tokens;
-      d.splits = {0.1, 0.1, 0.8};
-      d.stage[0].lr = 3e-3;
-      d.stage[1].lr = 2e-3;
-      d.stage[2].lr = 1e-3;
-      d.loop.batch = p.distill_batch;
-      d.loop.seed = o.seed;
-      d.loop.device = o.device;
-      d.loop.resume = true;
-      d.loop.log_every = 1000000;  // one line per stage start and end
-      distill(d);
+  // 3. Students: on the CPU in child processes, one thread and one core each; else one after another here.
+  std::vector<StudentRun> runs;
+  for (const auto& m : mixers)
+    runs.push_back({m, (root / "students" / m).string(), teacher_dir, mixture, p.seq_len, p.distill_tokens,
+                    p.distill_batch, o.seed, o.device});
+  std::vector<StudentRun> todo;
+  for (const auto& r : runs)
+    if (!is_model_folder(r.dir)) todo.push_back(r);
+  const int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::thread::hardware_concurrency()));
+  const int64_t jobs = std::min<int64_t>(o.jobs > 0 ? o.jobs : cores, static_cast<int64_t>(todo.size()));
+  std::map<std::string, double> seconds;
+  if (o.device.is_cpu() && !o.program.empty() && jobs > 1) {
+    fs::create_directories(root / "students");
+    say("3/5 distilling " + std::to_string(todo.size()) + " students, " + std::to_string(jobs) +
+        " at a time (one process and one thread each; logs in " + (root / "students").string() + "/<mixer>.log)");
+    const auto took = distill_in_children(todo, o.program, jobs);
+    for (size_t i = 0; i < todo.size(); ++i) seconds[todo[i].mixer] = took[i];
+  } else {
+    for (size_t i = 0; i < todo.size(); ++i) {
+      say("3/5 distilling " + todo[i].mixer + " (" + std::to_string(i + 1) + "/" + std::to_string(todo.size()) + ")");
+      const auto t0 = Clock::now();
+      distill(todo[i].options());
+      seconds[todo[i].mixer] = since(t0);
     }
-    student_dirs.emplace_back(dir, since(t0));
   }
+  std::vector<std::pair<std::string, double>> student_dirs;
+  for (const auto& r : runs) student_dirs.emplace_back(r.dir, seconds.count(r.mixer) ? seconds[r.mixer] : 0.0);
 
   // 4. Evaluation.
   say("4/5 evaluating the teacher and " + std::to_string(mixers.size()) + " students (perplexity, S-NIAH-1 at " +

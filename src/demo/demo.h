@@ -23,6 +23,11 @@ struct DemoOptions {
   uint64_t seed = 0;
   std::vector<std::string> mixers;  // empty: all seven
   torch::Device device = torch::kCPU;
+  // The linearize executable. When set, on the CPU the students are distilled by child processes of
+  // `program distill` with one thread each, `jobs` at a time (0: one per core); otherwise one after
+  // another in this process. Both give the same students bit for bit.
+  std::string program;
+  int64_t jobs = 0;
 };
 
 struct DemoRow {
