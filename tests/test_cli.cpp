@@ -128,6 +128,7 @@ TEST(Cli, TokenizeTextAndShard) {
 }
 
 TEST(Cli, InfoGenerateAndPerplexityOnStories260K) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string model = linearize::test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(model);
   auto r = run("info " + model + " --json");

@@ -92,6 +92,7 @@ TEST(EvalScoring, LeftTruncationKeepsTheContinuation) {
 }
 
 TEST(EvalTasks, ArcOnStoriesMatchesHandScoringAndArgmax) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string folder = test::data_dir() + "/models/stories260K";
   const std::string data = test::data_dir() + "/eval";
   LINEARIZE_REQUIRE_PATH(folder);
@@ -130,6 +131,7 @@ TEST(EvalTasks, ArcOnStoriesMatchesHandScoringAndArgmax) {
 }
 
 TEST(EvalTasks, EncodePairMovesTrailingSpacesToTheContinuation) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string folder = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(folder);
   auto tok = load_tokenizer(folder);
@@ -159,6 +161,7 @@ TEST(EvalTasks, AccNormDividesByChoiceCharacters) {
 }
 
 TEST(EvalTasks, WinograndeScoresTheSharedContinuationAfterEachOption) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const auto path = tmp_file("wg.jsonl",
                              "{\"context_options\": [\"Sarah helped Maria so Sarah\", \"Sarah helped Maria so Maria\"], "
                              "\"continuation\": \"said thanks.\", \"gold\": 1}\n");
@@ -340,6 +343,7 @@ TEST(EvalNiah, KeysValuesAndScoring) {
 // S-NIAH-1: paragraphs of noise on lines of their own, the needle one more line, as many paragraphs as
 // fit (one more would not), the same sample from the same seed.
 TEST(EvalNiah, NoisePromptFillsTheLength) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string folder = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(folder);
   auto tok = load_tokenizer(folder);
@@ -380,6 +384,7 @@ TEST(EvalNiah, NoisePromptFillsTheLength) {
 
 // S-NIAH-3: the essay's first words, the needle between two of its sentences at one of RULER's depths.
 TEST(EvalNiah, UuidNeedleBetweenSentencesOfProse) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string folder = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(folder);
   LINEARIZE_REQUIRE_PATH(test::data_dir() + "/corpus/austen_emma.txt");
@@ -412,6 +417,7 @@ TEST(EvalNiah, UuidNeedleBetweenSentencesOfProse) {
 // The loop end to end on a real tiny model: the dump holds every sample, each scored as niah_match
 // scores it, and the accuracy is their mean.
 TEST(EvalNiah, RunDumpsEverySampleAndScoresIt) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string folder = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(folder);
   auto model = load_model(folder);

@@ -359,6 +359,7 @@ TEST(Llama, ConfigTokenizerAndShardsCheckedBeforeLoading) {
 // The real tiny Llama from llama2.c: greedy generation from BOS reproduces llama2.c's text, and the
 // NLL of golden.json's sentence matches llama2.c's.
 TEST(Stories260K, GreedyMatchesLlama2c) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string folder = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(folder);
   auto model = load_model(folder);
@@ -381,6 +382,7 @@ TEST(Stories260K, GreedyMatchesLlama2c) {
 }
 
 TEST(Stories260K, SentenceNllMatchesLlama2c) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string folder = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(folder + "/golden.json");
   auto golden = nlohmann::json::parse(read_file(folder + "/golden.json"));

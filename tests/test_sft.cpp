@@ -250,6 +250,7 @@ TEST(SftRun, TinyRunLowersAssistantLoss) {
 }
 
 TEST(SftRun, AddsChatTokensToASentencePieceModel) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   const std::string model = test::data_dir() + "/models/stories260K";
   LINEARIZE_REQUIRE_PATH(model);
   SftOptions o;

@@ -332,6 +332,7 @@ TEST(TokenizerBpe, MalformedTokenizerJsonNamesTheFile) {
 }
 
 TEST(TokenizerSentencePiece, Stories260K) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   LINEARIZE_REQUIRE_PATH(stories_model_path());
   SentencePieceTokenizer tok(stories_model_path());
   EXPECT_EQ(tok.kind(), "sentencepiece");
@@ -376,6 +377,7 @@ TEST(TokenizerSentencePiece, Stories260K) {
 }
 
 TEST(TokenizerLoad, PicksImplementationFromFolder) {
+  LINEARIZE_REQUIRE_SENTENCEPIECE();
   LINEARIZE_REQUIRE_PATH(stories_model_path());
   LINEARIZE_REQUIRE_PATH(test::golden_dir() + "/tok-smollm2");
   EXPECT_EQ(load_tokenizer(test::data_dir() + "/models/stories260K")->kind(), "sentencepiece");

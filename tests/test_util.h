@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "io/hf_config.h"
+#include "io/tokenizer_sentencepiece.h"
 #include "ops/ops.h"
 
 namespace linearize::test {
@@ -115,6 +116,13 @@ class EmulationScope {
 };
 
 }  // namespace linearize::test
+
+// Skips the current test in a build without SentencePiece support (AddressSanitizer builds).
+#define LINEARIZE_REQUIRE_SENTENCEPIECE()                                                                  \
+  do {                                                                                                     \
+    if (!linearize::sentencepiece_supported())                                                             \
+      GTEST_SKIP() << "skipped: SentencePiece tokenizers are not available in this build (AddressSanitizer)"; \
+  } while (0)
 
 // Skips the current test when a path from ../shared is missing, saying which.
 #define LINEARIZE_REQUIRE_PATH(path)                                                        \

@@ -15,6 +15,11 @@ namespace {
 
 const char* kSpaceSymbol = "\xE2\x96\x81";  // U+2581 "▁"
 constexpr const char* kShimName = "liblinearize_spm.so";
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
 
 // The shim's functions, resolved once.
 struct Shim {
@@ -46,6 +51,11 @@ const Shim& shim() {
   static std::string failure;
   static std::once_flag once;
   std::call_once(once, [] {
+    if (kAddressSanitizer) {
+      failure = "SentencePiece tokenizers are not available in an AddressSanitizer build: its runtime refuses "
+                "the dlopen flag RTLD_DEEPBIND that keeps sentencepiece's protobuf apart from libtorch's";
+      return;
+    }
     void* lib = nullptr;
     std::string tried;
     for (const auto& path : shim_candidates()) {
@@ -79,6 +89,12 @@ const Shim& shim() {
   if (!failure.empty()) throw Error(failure);
   return s;
 }
+
+}  // namespace
+
+bool sentencepiece_supported() { return !kAddressSanitizer; }
+
+namespace {
 
 // "<0xAB>" -> 0xAB.
 int byte_of_piece(const std::string& piece) { return std::stoi(piece.substr(3, 2), nullptr, 16); }

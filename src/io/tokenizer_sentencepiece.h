@@ -24,6 +24,10 @@
 
 namespace linearize {
 
+// False in AddressSanitizer builds: the sanitizer runtime refuses dlopen with RTLD_DEEPBIND, so there
+// SentencePiece files are refused with an error saying so (and the tests that need them skip).
+bool sentencepiece_supported();
+
 class SentencePieceTokenizer : public Tokenizer {
  public:
   explicit SentencePieceTokenizer(const std::string& model_path);
