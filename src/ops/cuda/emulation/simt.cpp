@@ -12,6 +12,9 @@ extern "C" void __tsan_read16(void* addr);  // what instrumented code calls befo
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include <cstdio>
 #include <stdexcept>
@@ -87,12 +90,21 @@ void race_acquire(void*) {}
 void race_read16(const void*) {}
 #endif
 
+// Under AddressSanitizer a fiber's stack keeps the redzones of the frames that last ran on it; a reused
+// stack is cleared of them before it starts again.
+void unpoison_stack([[maybe_unused]] char* stack, [[maybe_unused]] size_t bytes) {
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_unpoison_memory_region(stack, bytes);
+#endif
+}
+
 #if defined(__x86_64__)
 struct Context {
   void* sp = nullptr;
 };
 // A stack that simt_switch resumes into entry(), as if entry had been called (entry must never return).
 void start_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  unpoison_stack(stack, bytes);
   auto* top = reinterpret_cast<uint64_t*>((reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15}) - 16);
   top[0] = reinterpret_cast<uint64_t>(entry);  // the return address popped by simt_switch's ret
   uint64_t* sp = top - 7;                       // rbp, rbx, r12..r15 (zero) and the control words
@@ -106,6 +118,7 @@ struct Context {
   ucontext_t uc;
 };
 void start_context(Context& c, char* stack, size_t bytes, void (*entry)()) {
+  unpoison_stack(stack, bytes);
   getcontext(&c.uc);
   c.uc.uc_stack.ss_sp = stack;
   c.uc.uc_stack.ss_size = bytes;
