@@ -1,6 +1,6 @@
 // The SIMT emulator that runs the CUDA kernels in the CPU build (ops/cuda/emulation/simt.h): its warp
 // collectives against their definitions in the CUDA and PTX manuals, its barriers, and the errors it
-// reports. The kernels themselves are checked through it by the CudaOps suites (test_cuda.cpp).
+// reports. The kernels themselves are checked through it by the CudaOps suites (test_cuda_*.cpp).
 #include <gtest/gtest.h>
 
 #ifdef LINEARIZE_CUDA_EMULATION
