@@ -14,6 +14,7 @@
 
 #include "cuda_test_util.h"
 #include "ops/common.h"
+#include "ops/chunk/chunk.h"
 #include "ops/ops.h"
 #include "test_util.h"
 

@@ -16,7 +16,7 @@
 #include "test_util.h"
 
 #ifdef LINEARIZE_WITH_KERNELS
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/recurrent_step.h"
 #endif
 
 namespace linearize {

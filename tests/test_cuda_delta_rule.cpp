@@ -13,11 +13,12 @@
 
 #include "cuda_test_util.h"
 #include "ops/common.h"
+#include "ops/delta_rule/delta_rule.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
 #ifdef LINEARIZE_WITH_KERNELS
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/ut_transform.h"
 #endif
 
 namespace linearize {

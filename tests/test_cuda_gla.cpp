@@ -14,6 +14,7 @@
 
 #include "cuda_test_util.h"
 #include "ops/common.h"
+#include "ops/gla/gla.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -29,7 +30,7 @@ using cuda_test::random_inputs;
 using cuda_test::to_device;
 using test::rel_err;
 
-// The fused chunk kernels of family A (16-bit operands on tensor cores, fp32 state) against the libtorch
+// The fused chunk kernels of the GLA family (16-bit operands on tensor cores, fp32 state) against the libtorch
 // chunked form in fp32 on the same rounded inputs: o, the final state and the gradients of q, k, v, g and
 // h0 (both outputs carry a loss, so the final state's gradient flows in too). No decay, a fixed and a
 // scalar decay (chunk_scalar_decay.cu; K = V = 64 and 128) and a decay per key channel (the scores and

@@ -18,7 +18,11 @@
 #include "test_util.h"
 
 #ifdef LINEARIZE_WITH_KERNELS
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/distill_loss.h"
+#include "ops/cuda/row_norms.h"
+#include "ops/cuda/short_conv.h"
+#include "ops/cuda/softplus_decay.h"
+#include "ops/cuda/swiglu.h"
 #endif
 
 namespace linearize {

@@ -12,11 +12,12 @@
 
 #include "cuda_test_util.h"
 #include "ops/common.h"
+#include "ops/mlstm/mlstm.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
 #ifdef LINEARIZE_WITH_KERNELS
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/mlstm_normaliser.h"
 #endif
 
 namespace linearize {

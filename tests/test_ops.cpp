@@ -13,6 +13,8 @@
 
 #include "io/safetensors.h"
 #include "ops/common.h"
+#include "ops/chunk/chunk.h"
+#include "ops/mlstm/mlstm.h"
 #include "ops/ops.h"
 #include "test_util.h"
 
@@ -52,7 +54,7 @@ struct ErrLog {
   ~ErrLog() { std::printf("[golden] %-18s%s\n", file.c_str(), line.c_str()); }
 };
 
-// Families A and B: in.q, in.k, in.v, in.h0, optional in.g / in.g_gamma and in.beta.
+// The GLA and delta-rule families: in.q, in.k, in.v, in.h0, optional in.g / in.g_gamma and in.beta.
 void check_linear_golden(const SafetensorsFile& f, const torch::Device& dev = torch::kCPU) {
   const bool delta = f.contains("in.beta");
   std::map<std::string, torch::Tensor> in;
@@ -250,7 +252,7 @@ void check_gradients_agree(bool delta) {
 TEST(OpsGla, GradientsMatchRecurrentFp64) { check_gradients_agree(false); }
 TEST(OpsDeltaRule, GradientsMatchRecurrentFp64) { check_gradients_agree(true); }
 
-// The identity the fused CUDA backward of family A takes the decay's gradient from (linear_attention_ops/
+// The identity the fused CUDA backward of the GLA family takes the decay's gradient from (gla/
 // fused_chunk.cpp, through detail::walk_decay_gradient without w rows): with b_t the cumulative log decay,
 // dL/dg_s = Σ_{t>=s} (q_t·dq_t - k_t·dk_t) + <dS_T, S_T>. Checked here against autograd through the recurrent form, fp64, with h0 and a gradient on
 // the final state, for a scalar decay per step and a fixed one per head (its gradient summed over B, T).
@@ -272,7 +274,7 @@ TEST(OpsGla, DecayGradientIdentity) {
   }
 }
 
-// The decay's gradient through the fused delta-rule walk (delta_rule_ops/fused_chunk.cpp) comes from
+// The decay's gradient through the fused delta-rule walk (delta_rule/fused_chunk.cpp) comes from
 // the row sums q·dq, k·dk and w·dw (detail::walk_decay_gradient). Checked against autograd through the
 // walk written out here in fp64 (per chunk: V' = U - W S, o = (q e^G) S + A V', S' = e^Gl S + (e^{Gl-G} k)^T V'),
 // with h0, a gradient on the final state and T not a multiple of the chunk; without the w·dw term the
@@ -314,7 +316,7 @@ TEST(OpsDeltaRule, WalkDecayGradientIdentity) {
   EXPECT_LE(rel_err(dg, g.grad()), 1e-10);
   auto without_w = ops::detail::walk_decay_gradient(dot(q), dot(k), torch::zeros_like(dot(w)), C, dS, S.detach());
   EXPECT_GT(rel_err(without_w, g.grad()), 1e-2);
-  // No w rows at all (family A's walk) is the same as zero w·dw.
+  // No w rows at all (the GLA family's walk) is the same as zero w·dw.
   auto no_w = ops::detail::walk_decay_gradient(dot(q), dot(k), torch::Tensor(), C, dS, S.detach());
   EXPECT_EQ(rel_err(no_w, without_w), 0.0);
 }

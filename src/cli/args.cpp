@@ -265,4 +265,24 @@ std::string help_text(const CommandSpec& spec) {
   return h.str();
 }
 
+std::string default_text(double v) {
+  std::ostringstream o;
+  o << v;  // shortest form at 6 significant digits: 0.0003, 1, 0.92
+  return o.str();
+}
+
+std::string default_text(int64_t v) { return std::to_string(v); }
+
+std::string default_text(const std::vector<double>& v, char sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? std::string(1, sep) : "") + default_text(v[i]);
+  return out;
+}
+
+std::string default_text(const std::vector<int>& v, char sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? std::string(1, sep) : "") + std::to_string(v[i]);
+  return out;
+}
+
 }  // namespace linearize::cli

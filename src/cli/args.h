@@ -65,6 +65,13 @@ class Args {
 
 std::string help_text(const CommandSpec& spec);
 
+// A default as --help shows it, taken from the code's own defaults ("0.0003", "1"; lists joined by `sep`:
+// "1,2,3", "0.026|0.053|0.92"), so that the help cannot drift from what the code does.
+std::string default_text(double v);
+std::string default_text(int64_t v);
+std::string default_text(const std::vector<double>& v, char sep);
+std::string default_text(const std::vector<int>& v, char sep);
+
 std::vector<std::string> split(const std::string& s, char sep);
 
 }  // namespace linearize::cli

@@ -8,6 +8,7 @@
 #include "distill/stages.h"
 #include "io/atomic_file.h"
 #include "io/error.h"
+#include "model/mixers/mixer_config.h"
 
 namespace linearize::cli {
 
@@ -50,13 +51,17 @@ nlohmann::json parse_mixer_overrides(const std::string& s) {
 }  // namespace
 
 int cmd_distill(const std::vector<std::string>& argv) {
+  const DistillOptions d;  // the help's defaults are the code's
+  const SftOptions sft;
+  std::string mixers;
+  for (const auto& m : mixer_kinds()) mixers += " " + m;
   CommandSpec spec{
       "distill",
       "Linearize a Llama teacher: replace its attention layers with a linear-time mixer and train the\n"
       "student in three stages (1 attention-output alignment, 2 hidden-state alignment, 3 end-to-end\n"
       "CE + KL). Writes a student model folder.",
       "",
-      "mixers: linear_attention retnet gla deltanet gated_deltanet kda mlstm\n"
+      "mixers:" + mixers + "\n"
       "presets: default (teacher head layout, MSE stage 2, WSD with linear decay, per-token KL)\n"
       "         paper   (as the study's code trains, its defects corrected: fla head counts, RetNet rotary\n"
       "                  base 10000, linear attention with short convs and no output norm, KDA with a\n"
@@ -78,33 +83,34 @@ int cmd_distill(const std::vector<std::string>& argv) {
        {"mixer", "NAME", "mixer kind (see below)", "", true},
        {"data", "FILE", ".u32 token shard (or .txt/.jsonl)", "", true},
        {"out", "DIR", "student folder to write (holds checkpoints and metrics.jsonl)", "", true},
-       {"stages", "LIST", "stages to run", "1,2,3"},
+       {"stages", "LIST", "stages to run", default_text(d.stages, ',')},
        {"tokens", "N", "total token budget over the stages (default: one pass over each slice)"},
        {"splits", "A|B|C", "stream/budget split over the stages: fractions or token counts (instruct recipe:\n"
-                           "0.2|0.8|0)", "0.026|0.053|0.92"},
-       {"preset", "NAME", "default or paper", "default"},
+                           "0.2|0.8|0)", default_text(d.splits, '|')},
+       {"preset", "NAME", "default or paper", d.preset},
        {"paper-defects", "LIST", "the study's defects to switch on (see below)"},
        {"mixer-config", "JSON", "mixer settings to override: a JSON object, inline or in a file"},
        {"layers", "LIST", "replace only these layers (hybrid); default all"},
-       {"lr1", "X", "stage-1 learning rate", "2e-4"},
-       {"lr2", "X", "stage-2 learning rate", "2e-3"},
-       {"lr3", "X", "stage-3 learning rate", "3e-4"},
-       {"schedule1", "KIND", "stage-1 schedule", "wsd"},
+       {"lr1", "X", "stage-1 learning rate", default_text(d.stage[0].lr)},
+       {"lr2", "X", "stage-2 learning rate", default_text(d.stage[1].lr)},
+       {"lr3", "X", "stage-3 learning rate", default_text(d.stage[2].lr)},
+       {"schedule1", "KIND", "stage-1 schedule", d.stage[0].schedule},
        {"schedule2", "KIND", "stage-2 schedule (paper preset: constant)"},
-       {"schedule3", "KIND", "stage-3 schedule", "linear"},
+       {"schedule3", "KIND", "stage-3 schedule", d.stage[2].schedule},
        {"stage2-loss", "KIND", "mse or l2 (preset decides when absent)"},
-       {"ce-weight", "X", "stage-3 cross-entropy weight", "1.0"},
-       {"kl-weight", "X", "stage-3 KL weight", "1.0"},
-       {"kl-temperature", "T", "stage-3 KL temperature", "1.0"},
+       {"ce-weight", "X", "stage-3 cross-entropy weight", default_text(d.ce_weight)},
+       {"kl-weight", "X", "stage-3 KL weight", default_text(d.kl_weight)},
+       {"kl-temperature", "T", "stage-3 KL temperature", default_text(d.kl_temperature)},
        {"kl-reduction", "KIND", "token_mean or batchmean (preset decides when absent)"},
        {"recipe", "NAME", "standard or instruct (see below)", "standard"},
        {"sft-data", "FILE", "instruct recipe: jsonl conversations for the SFT step"},
-       {"sft-lr", "X", "instruct recipe: SFT learning rate (cosine)", "3e-4"},
-       {"sft-seq-len", "N", "instruct recipe: SFT sequence length", "1024"}},
+       {"sft-lr", "X", "instruct recipe: SFT learning rate (" + sft.loop.schedule.kind + ")",
+        default_text(sft.loop.schedule.lr)},
+       {"sft-seq-len", "N", "instruct recipe: SFT sequence length", default_text(sft.seq_len)}},
       0,
       0};
   for (auto& opt : sft_options()) spec.options.push_back(opt);
-  for (auto& opt : training_options("", "")) spec.options.push_back(opt);
+  for (auto& opt : training_options(TrainLoopOptions{}, d.seq_len, false)) spec.options.push_back(opt);
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   if (args.has("config")) args.apply_config_file(args.str("config"));

@@ -9,6 +9,7 @@
 namespace linearize::cli {
 
 int cmd_pretrain(const std::vector<std::string>& argv) {
+  const PretrainOptions defaults;  // the help's defaults are the code's
   CommandSpec spec{"pretrain",
                    "Train a Llama teacher from scratch with next-token cross-entropy and write a Hugging Face\n"
                    "Llama folder (config.json, model.safetensors, tokenizer files).",
@@ -17,17 +18,17 @@ int cmd_pretrain(const std::vector<std::string>& argv) {
                    {{"tokenizer", "DIR|FILE", "tokenizer folder or file (its vocabulary sizes the model)", "", true},
                     {"data", "FILE", ".u32 token shard (or .txt/.jsonl, tokenized on the fly)", "", true},
                     {"out", "DIR", "model folder to write (also holds checkpoints and metrics.jsonl)", "", true},
-                    {"hidden", "N", "hidden size", "256"},
-                    {"layers", "N", "decoder layers", "4"},
-                    {"heads", "N", "attention heads", "4"},
-                    {"kv-heads", "N", "key/value heads (grouped-query attention)", "2"},
+                    {"hidden", "N", "hidden size", default_text(defaults.hidden)},
+                    {"layers", "N", "decoder layers", default_text(defaults.layers)},
+                    {"heads", "N", "attention heads", default_text(defaults.heads)},
+                    {"kv-heads", "N", "key/value heads (grouped-query attention)", default_text(defaults.kv_heads)},
                     {"intermediate", "N", "MLP size (default: 8/3 hidden rounded up to 32)"},
-                    {"rope-theta", "X", "RoPE base", "10000"},
+                    {"rope-theta", "X", "RoPE base", default_text(defaults.rope_theta)},
                     {"steps", "N", "optimizer steps", "1000"},
                     {"tokens", "N", "total training tokens (overrides --steps)"},
                     {"init", "DIR", "continue training a model folder (its shape; --hidden etc. are ignored)"}},
                    0, 0};
-  for (auto& o : training_options("1e-3", "cosine")) spec.options.push_back(o);
+  for (auto& o : training_options(defaults.loop, defaults.seq_len, true)) spec.options.push_back(o);
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   if (args.has("config")) args.apply_config_file(args.str("config"));

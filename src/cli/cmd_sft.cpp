@@ -44,10 +44,8 @@ int cmd_sft(const std::vector<std::string>& argv) {
       0,
       0};
   for (auto& opt : sft_options()) spec.options.push_back(opt);
-  for (auto& opt : training_options("3e-4", "cosine")) {
-    if (opt.name == "seq-len") opt.default_value = "1024";
-    spec.options.push_back(opt);
-  }
+  const SftOptions defaults;
+  for (auto& opt : training_options(defaults.loop, defaults.seq_len, true)) spec.options.push_back(opt);
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   if (args.has("config")) args.apply_config_file(args.str("config"));

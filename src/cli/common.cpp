@@ -37,17 +37,19 @@ std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& t
   throw Error("the prompt is empty and the model config has neither bos_token_id nor eos_token_id");
 }
 
-std::vector<OptionSpec> training_options(const std::string& default_lr, const std::string& default_schedule) {
+std::vector<OptionSpec> training_options(const TrainLoopOptions& d, int64_t seq_len, bool with_schedule) {
   std::vector<OptionSpec> out = {
-      {"seq-len", "N", "tokens per training sequence", "512"},
-      {"batch", "N", "sequences per optimizer step", "8"},
-      {"grad-accum", "N", "micro-batches per step (batch must be divisible by it)", "1"},
-      {"warmup", "F", "warmup fraction of the steps", "0.1"},
-      {"weight-decay", "X", "AdamW weight decay (not on norms, biases, A_log, dt_bias)", "0.1"},
-      {"clip", "X", "gradient-norm clipping (0: off)", "1.0"},
-      {"seed", "S", "seed for initialisation and data order", "0"},
-      {"checkpoint-every", "N", "steps between checkpoints (0: end of each stage only)", "0"},
-      {"log-every", "N", "steps between progress lines", "10"},
+      {"seq-len", "N", "tokens per training sequence", default_text(seq_len)},
+      {"batch", "N", "sequences per optimizer step", default_text(d.batch)},
+      {"grad-accum", "N", "micro-batches per step (batch must be divisible by it)", default_text(d.grad_accum)},
+      {"warmup", "F", "warmup fraction of the steps", default_text(d.schedule.warmup_frac)},
+      {"weight-decay", "X", "AdamW weight decay (not on norms, biases, A_log, dt_bias)",
+       default_text(d.optimizer.weight_decay)},
+      {"clip", "X", "gradient-norm clipping (0: off)", default_text(d.clip)},
+      {"seed", "S", "seed for initialisation and data order", default_text(static_cast<int64_t>(d.seed))},
+      {"checkpoint-every", "N", "steps between checkpoints (0: end of each stage only)",
+       default_text(d.checkpoint_every)},
+      {"log-every", "N", "steps between progress lines", default_text(d.log_every)},
       {"resume", "", "continue from the run folder's checkpoints"},
       {"stop-after", "N", "stop after step N's checkpoint, as if killed (for testing resume)"},
       {"quiet", "", "no progress lines"},
@@ -55,9 +57,10 @@ std::vector<OptionSpec> training_options(const std::string& default_lr, const st
       {"config", "FILE", "JSON file with any of these options ({\"seq-len\": 512, ...})"},
       device_option(),
   };
-  if (!default_lr.empty()) {
-    out.insert(out.begin() + 3, {"lr", "X", "peak learning rate", default_lr});
-    out.insert(out.begin() + 4, {"schedule", "KIND", "learning-rate schedule: wsd, cosine, linear, constant", default_schedule});
+  if (with_schedule) {
+    out.insert(out.begin() + 3, {"lr", "X", "peak learning rate", default_text(d.schedule.lr)});
+    out.insert(out.begin() + 4,
+               {"schedule", "KIND", "learning-rate schedule: wsd, cosine, linear, constant", d.schedule.kind});
   }
   return out;
 }

@@ -28,9 +28,10 @@ std::unique_ptr<Tokenizer> model_tokenizer(const std::string& folder);
 // is empty, nothing otherwise (GPT-2/SmolLM2 byte-level BPE adds no BOS).
 std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& tokenizer, bool prompt_empty);
 
-// Options every training command shares (batch, lr, schedule, steps, checkpoints, resume, ...), with
-// per-command defaults for the learning rate and schedule.
-std::vector<OptionSpec> training_options(const std::string& default_lr, const std::string& default_schedule);
+// Options every training command shares (seq-len, batch, lr, schedule, checkpoints, resume, ...), their
+// defaults shown from the command's own: `defaults` (its loop options) and `seq_len`. --lr and --schedule
+// only when `with_schedule` (distill has one per stage instead).
+std::vector<OptionSpec> training_options(const TrainLoopOptions& defaults, int64_t seq_len, bool with_schedule);
 // The loop options those flags describe (name, steps and run_dir are left to the caller).
 TrainLoopOptions loop_options(const Args& args);
 

@@ -31,7 +31,7 @@ struct SftOptions {
   double epochs = 1;
   bool packing = false;
   int64_t max_steps = 0;  // 0: epochs decide
-  TrainLoopOptions loop;  // lr 3e-4 cosine by default (set by the caller)
+  TrainLoopOptions loop = loop_with_schedule("cosine", 3e-4);
 };
 
 struct SftResult {

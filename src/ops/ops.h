@@ -16,7 +16,7 @@ struct OpResult {
   torch::Tensor state;  // [B, H, K, V] fp32 final state
 };
 
-// ---- Family A: gated linear attention  S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T ------------------
+// ---- The GLA family: gated linear attention  S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T ------------------
 // g (log decay, <= 0) selects the decay kind:
 //   undefined      none (Linear Attention)
 //   [H]            fixed per head, the same at every step (RetNet's g_gamma)
@@ -30,7 +30,7 @@ OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const tor
 OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& g, const torch::Tensor& h0, double scale, int64_t chunk = 64);
 
-// ---- Family B: gated delta rule  S_t = (I - b_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T ---
+// ---- The delta rule: gated delta rule  S_t = (I - b_t k_t k_t^T) Diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T ---
 // beta [B, T, H]; g undefined (DeltaNet), [B, T, H] (Gated DeltaNet) or [B, T, H, K] (KDA).
 // q and k are used as given (layers L2-normalise them first).
 OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -40,7 +40,7 @@ OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const 
                           const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
                           double scale, int64_t chunk = 64);
 
-// ---- Family C: mLSTM (exponential input gate, sigmoid forget gate, normaliser, max-stabiliser) ---
+// ---- The mLSTM: mLSTM (exponential input gate, sigmoid forget gate, normaliser, max-stabiliser) ---
 // igate, fgate: pre-activations [B, T, H]; log f = logsigmoid(fgate); input weight exp(igate).
 // State (c [B,H,K,V], n [B,H,K], m [B,H]) starts at zeros when undefined.
 // h_t = C_t^T q^_t / (max(|n_t . q^_t|, exp(-m_t)) + eps), q^ = q * scale.
@@ -73,7 +73,7 @@ bool kernel_emulation_enabled();
 // Whether the fused kernels take t: a CUDA tensor, or a CPU one while emulation is on.
 bool on_kernel_device(const torch::Tensor& t);
 
-// ---- Norms over the last dim (ops/row_norms.cpp), in fp32 inside whatever the dtype ----------------
+// ---- Norms over the last dim (ops/nn/row_norms.cpp), in fp32 inside whatever the dtype ----------------
 // On a kernel device (ops/cuda/row_norms.cu) one kernel each way, which keeps only the per-row factor for
 // the backward; elsewhere the libtorch formula.
 // L2 normalisation: x / sqrt(sum x^2 + eps), returned in x's dtype.
@@ -85,12 +85,12 @@ enum class Gate { none, sigmoid, silu };
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                        const torch::Tensor& gate = {}, Gate act = Gate::none);
 
-// ---- The Llama MLP's SwiGLU product (ops/swiglu.cpp) ------------------------------------------------
+// ---- The Llama MLP's SwiGLU product (ops/nn/swiglu.cpp) ------------------------------------------------
 // silu(gate) * up, as libtorch rounds it; on a kernel device one kernel each way (ops/cuda/swiglu.cu)
 // where gate and up share shape and dtype, elsewhere the formula.
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 
-// ---- The mixers' short convolutions (ops/short_conv.cpp) ---------------------------------------------
+// ---- The mixers' short convolutions (ops/nn/short_conv.cpp) ---------------------------------------------
 // A causal depthwise convolution over time of x [B, T, C] with weight [C, 1, W] and bias [C] (or
 // undefined), from the W-1 inputs before x, prefix [B, C, W-1] (a decoding state; undefined: zeros), then
 // silu when asked: fla's ShortConvolution, with w and bias cast to x's dtype. Returns y [B, T, C] and, with
@@ -102,7 +102,7 @@ struct ShortConvResult {
 ShortConvResult short_conv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                            const torch::Tensor& prefix, bool silu, bool want_cache);
 
-// ---- The decay gate of Gated DeltaNet and KDA (ops/softplus_decay.cpp) ----------------------------
+// ---- The decay gate of Gated DeltaNet and KDA (ops/chunk/softplus_decay.cpp) ----------------------------
 // g = -exp(A_log) * softplus(f + dt_bias) in fp32 (Mamba2's parameterisation): f [..., C] with C = H * K
 // channels, K a head (K = 1: one a head, as Gated DeltaNet), dt_bias [C], A_log [H]. Returns [..., C] fp32.
 // On a kernel device one kernel each way (ops/cuda/softplus_decay.cu); elsewhere the formula.
@@ -112,7 +112,7 @@ torch::Tensor softplus_decay(const torch::Tensor& f, const torch::Tensor& dt_bia
 torch::Tensor lower_bound_decay(const torch::Tensor& f, const torch::Tensor& dt_bias, const torch::Tensor& A_log,
                                 double lower_bound);
 
-// ---- Stage-3 distillation's and next-token training's per-token terms (ops/distill_loss.cpp) --------------
+// ---- Stage-3 distillation's and next-token training's per-token terms (ops/nn/distill_loss.cpp) --------------
 // Student logits s and teacher logits t [N, V], targets [N] (int64), temperature T > 0; in fp32 [N]:
 //   ce[i] = logsumexp(s_i) - s_i[y_i]   (0 where y_i is outside [0, V), as cross_entropy's ignored targets)
 //   kl[i] = KL(softmax(t_i / T) || softmax(s_i / T))
@@ -127,7 +127,7 @@ DistillTerms distill_loss_terms(const torch::Tensor& s, const torch::Tensor& t, 
 // The cross-entropy term alone, ce [N] fp32 (the same kernels without a teacher): next-token training.
 torch::Tensor cross_entropy_terms(const torch::Tensor& logits, const torch::Tensor& targets);
 
-// ---- AdamW's update of many tensors at once (ops/adamw.cpp) -------------------------------------------
+// ---- AdamW's update of many tensors at once (ops/nn/adamw.cpp) -------------------------------------------
 // In place, for each tensor i with parameter p, gradient g and moments m, v (one shape):
 //   p = p decay;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g g;  p = p - step_size m / (sqrt(v) / bias2_sqrt + eps)
 // per element as libtorch's AdamW step (decay = 1 - lr wd, step_size = lr / (1 - b1^t), bias2_sqrt =

@@ -15,11 +15,11 @@ struct PretrainOptions {
   std::string out;        // model folder to write
   int64_t hidden = 256, layers = 4, heads = 4, kv_heads = 2, intermediate = 0;  // 0: 8/3 hidden, rounded to 32
   double rope_theta = 10000;
-  int64_t seq_len = 256;
+  int64_t seq_len = 512;
   int64_t tokens = 0;  // total training tokens; sets steps when > 0
   double init_std = 0.02;
   std::string init_from;  // a model folder to continue training from (its shape; the tokenizer must match)
-  TrainLoopOptions loop;  // steps, batch, lr (schedule), device, resume, ...
+  TrainLoopOptions loop = loop_with_schedule("cosine", 1e-3);  // steps, batch, lr (schedule), device, resume, ...
 };
 
 // Returns the final training loss.

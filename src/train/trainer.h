@@ -50,6 +50,15 @@ struct TrainLoopOptions {
   bool recompute = false;  // the caller sets CausalLM::recompute from it (activation recomputation)
 };
 
+// The loop's defaults with another learning-rate schedule: the defaults of a command that trains with its
+// own (pretraining and SFT: cosine).
+inline TrainLoopOptions loop_with_schedule(const std::string& kind, double lr) {
+  TrainLoopOptions o;
+  o.schedule.kind = kind;
+  o.schedule.lr = lr;
+  return o;
+}
+
 struct TrainResult {
   double last_loss = 0;
   int64_t steps_done = 0;

@@ -1,4 +1,4 @@
-// AdamW's update of many fp32 tensors in a few launches (see kernels.h for the contract). libtorch's
+// AdamW's update of many fp32 tensors in a few launches (see adamw.h for the contract). libtorch's
 // optimizer runs some nine element-wise launches a parameter (the decay, the two moments' mul and add, sqrt,
 // div, add, addcdiv); at SmolLM2-135M's 270 to 570 trainable tensors that is thousands of launches a step,
 // and the step is bound by the host. Here up to kMaxTensors tensors go in one launch, block row y taking
@@ -14,7 +14,7 @@
 #include <numeric>
 #include <vector>
 
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/adamw.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

@@ -1,4 +1,4 @@
-// Family B with no decay or a scalar decay per step (DeltaNet, Gated DeltaNet): the chunk-to-chunk walk
+// The delta rule with no decay or a scalar decay per step (DeltaNet, Gated DeltaNet): the chunk-to-chunk walk
 // of the chunked form and everything that reads the state. The chunk-parallel UT transform that gives W
 // and U is ut_transform.cu; these kernels take over from W and U on. Every product runs on tensor cores
 // (the building blocks of chunk_tiles.cuh).
@@ -24,13 +24,13 @@
 // So the forward leaves S, V' and A of every chunk to the backward, which computes none of them again.
 // The walks keep the state in fp32 registers (its master copy, RegisterState); products read it through a
 // 16-bit copy in shared memory, which is also what the walks store. The decay's gradient is left to the caller
-// (ops/delta_rule_ops/fused_chunk.cpp), from the row sums q·dq, k·dk and w·dw the backward takes in fp32.
+// (ops/delta_rule/fused_chunk.cpp), from the row sums q·dq, k·dk and w·dw the backward takes in fp32.
 // Head size 64 only (SmolLM2's heads).
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "ops/cuda/chunk_tiles.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/chunk_delta_rule.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

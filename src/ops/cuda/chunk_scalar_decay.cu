@@ -1,4 +1,4 @@
-// Family A with no decay or a scalar decay per step (linear attention, RetNet, scalar-gated GLA),
+// The GLA family with no decay or a scalar decay per step (linear attention, RetNet, scalar-gated GLA),
 // chunked and fused: one thread block per (batch, head) walks the chunks of 64 in order with the
 // state in shared memory, and every product of a chunk runs on tensor cores (mma.sync 16x8x16, bf16 or
 // fp16 operands, fp32 accumulation). Nothing per chunk goes through HBM: the forward reads q, k, v
@@ -18,14 +18,14 @@
 // Where a row factor (e^G, e^{Gl - G}) scales the rows of a product's result, it is applied to the fp32
 // accumulator rather than to a 16-bit operand. The state is kept in fp32 (its master copy) and read by the
 // products through a 16-bit copy made after each update. Rows past T are zeros. The gradient of the decay
-// is left to the caller (ops/linear_attention_ops/fused_chunk.cpp), which has it from q·dq - k·dk.
+// is left to the caller (ops/gla/fused_chunk.cpp), which has it from q·dq - k·dk.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <type_traits>
 
 #include "ops/cuda/chunk_tiles.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/chunk_scalar_decay.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

@@ -1,8 +1,8 @@
-// A decay per key channel: the walk over the chunks of 64, fused, for GLA (family A) and
-// for Kimi Delta Attention (family B, the delta rule: Delta = true). The chunk-parallel parts come from
+// A decay per key channel: the walk over the chunks of 64, fused, for GLA (the GLA family) and
+// for Kimi Delta Attention (the delta rule, the delta rule: Delta = true). The chunk-parallel parts come from
 // elsewhere: the intra-chunk scores A and the row factors qd, kd and a from vector_decay_scores.cu (see
-// ops/linear_attention_ops/fused_vector_chunk.cpp), and for the delta rule the UT transform's W and U
-// (ops/delta_rule_ops/fused_vector_chunk.cpp). With G the chunk-local cumulative log decay [C, K]
+// ops/gla/fused_vector_chunk.cpp), and for the delta rule the UT transform's W and U
+// (ops/delta_rule/fused_vector_chunk.cpp). With G the chunk-local cumulative log decay [C, K]
 // (every exponent below is <= 0):
 //   qd = scale e^G ⊙ q,   kd = e^{Gl - G} ⊙ k,   a = e^{Gl} (one factor per key channel)
 // and S the state entering the chunk (fp32 [K, V], read by the products through a 16-bit copy):
@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "ops/cuda/chunk_tiles.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/chunk_vector_decay.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

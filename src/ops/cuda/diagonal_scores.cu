@@ -1,4 +1,4 @@
-// Diagonal sub-blocks of the vector-gated intra-chunk scores (see kernels.h for the math and shapes).
+// Diagonal sub-blocks of the vector-gated intra-chunk scores (see diagonal_scores.h for the math and shapes).
 //
 // The libtorch form builds the pairwise factors exp(G_r - G_j) as a [c, c, K] tensor per sub-chunk
 // (c = 16: 16x the size of q); these kernels keep them in registers.
@@ -10,7 +10,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/diagonal_scores.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/shared_memory.cuh"
 

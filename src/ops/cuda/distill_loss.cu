@@ -1,4 +1,4 @@
-// The per-token terms of stage-3 distillation over the vocabulary (see kernels.h for the contract), one
+// The per-token terms of stage-3 distillation over the vocabulary (see distill_loss.h for the contract), one
 // thread block a row of student logits s and teacher logits t, with temperature T:
 //   ce  = lse(s) - s[y]
 //   kl  = KL(softmax(t/T) || softmax(s/T)) = Σ_j p_j (t_j - s_j) / T - lse(t/T) + lse(s/T),   p = softmax(t/T)
@@ -22,7 +22,7 @@
 #include <type_traits>
 
 #include "ops/cuda/elementwise.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/distill_loss.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

@@ -1,4 +1,4 @@
-// Host-side launch helpers shared by the .cu files of ops/cuda (not for C++ callers: see kernels.h).
+// Host-side launch helpers shared by the .cu files of ops/cuda (not for C++ callers: each .cu file has its own header).
 #pragma once
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>

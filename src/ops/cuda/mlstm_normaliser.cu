@@ -1,5 +1,5 @@
-// The mLSTM's gates and normaliser in fp32 (see kernels.h, mlstm_normaliser_forward): everything of the
-// mLSTM's chunked form that mlstm_ops/fused_chunk.cpp does not hand to the scalar-decay chunk kernels,
+// The mLSTM's gates and normaliser in fp32 (see mlstm_normaliser.h, mlstm_normaliser_forward): everything of the
+// mLSTM's chunked form that mlstm/fused_chunk.cpp does not hand to the scalar-decay chunk kernels,
 // and the division of its numerator by the denominator.
 //
 // The gates come first, one warp per (batch, head, segment of the steps) walking 32 steps at a time: m
@@ -24,7 +24,7 @@
 //   dq_t  = dden_t scale n_t,  dg_t = e^{g_t} n_{t-1} · λ_t,  dn_0 = e^{g_0} λ_0
 // (λ across the segments as n, from the end). Warps per (batch, head, segment) then turn dg and
 // d(i - m) into the gates' gradients. In g_t and k'_t, m is held constant (only m_{-1} = m0 is an input there;
-// mlstm_ops/fused_chunk.cpp adds m's own gradient), and the gradient dm_t of the returned m runs back
+// mlstm/fused_chunk.cpp adds m's own gradient), and the gradient dm_t of the returned m runs back
 // through the max: to log σ(f_t) and m_{t-1} where the forget branch won, to i_t where the input gate
 // did. That is a reverse scan of the maps x -> [forget won] (x + dm_t), also warp-wide, composed per
 // segment first as the forward's maps are.
@@ -38,7 +38,7 @@
 #include <type_traits>
 
 #include "ops/cuda/chunk_tiles.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/mlstm_normaliser.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {
@@ -580,7 +580,7 @@ __global__ void divide_rows_forward_kernel(const Lo* __restrict__ o, const float
 // Its backward: d_o = dh / denom (o's dtype) and, with s = -Σ_v dh o / denom² (the sum over the V / 8
 // threads of a row, a power of two, so a row's threads are a shuffle group), the gradients [B,H,T] fp32
 //   d_den = s sign(den) where |den| wins the max (s / 2 sign(den) on a tie, as torch.maximum),
-//   d_m   = s eps  (e^{-m} is taken as a constant: see mlstm_ops/fused_chunk.cpp).
+//   d_m   = s eps  (e^{-m} is taken as a constant: see mlstm/fused_chunk.cpp).
 template <typename Lo, typename Out>
 __global__ void divide_rows_backward_kernel(const Lo* __restrict__ o, const float* __restrict__ den,
                                             const float* __restrict__ m, float eps, const Out* __restrict__ dh,

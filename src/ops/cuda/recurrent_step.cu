@@ -1,14 +1,14 @@
-// The fused recurrent decode step (see kernels.h for the math and shapes).
+// The fused recurrent decode step (see recurrent_step.h for the math and shapes).
 //
 // One thread block per (batch, head); each thread owns columns j of the state (the value dimension),
 // so every read and write of S is coalesced across the block. q, k and the per-channel decay sit in
-// shared memory (3 K floats). Family B reads its column twice (prediction S'^T k, then update); the
+// shared memory (3 K floats). The delta rule reads its column twice (prediction S'^T k, then update); the
 // second read hits L2. Decode is bound by moving the state once in and once out.
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/recurrent_step.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/shared_memory.cuh"
 

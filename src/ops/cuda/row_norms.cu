@@ -1,5 +1,5 @@
 // Norms over the last dim of [rows, D], one warp a row: the RMS norm of the Llama blocks and the mixers'
-// output norms, and the L2 norm of the delta-rule mixers' q and k (see kernels.h for the contract):
+// output norms, and the L2 norm of the delta-rule mixers' q and k (see row_norms.h for the contract):
 //   r = (mean_scale Σ_c x_c² + eps)^-1/2,   n = x r,   y = w ⊙ round(n)   (no w: y = round(n))
 // with round() to x's dtype and the product in y's dtype, as the libtorch formula does it. Backward:
 //   dn = dy ⊙ w,   dx = r (dn - n mean_scale Σ_c dn_c n_c),   dw = Σ_rows dy ⊙ round(n)
@@ -21,7 +21,7 @@
 #include <type_traits>
 
 #include "ops/cuda/elementwise.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/row_norms.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/shared_memory.cuh"
 

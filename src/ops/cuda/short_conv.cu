@@ -1,4 +1,4 @@
-// The mixers' short convolutions (fla's ShortConvolution) in one kernel each way (see kernels.h for the
+// The mixers' short convolutions (fla's ShortConvolution) in one kernel each way (see short_conv.h for the
 // contract): a causal depthwise convolution over time of width W with an optional bias and silu,
 //   p[b, t, c] = bias[c] + Σ_{i < W} w[c, i] x̃[b, t + i, c],   y = round(silu(round(p))) or round(p)
 // where x̃ = [prefix; x] along time (the W-1 inputs before x, from a decoding state, or zeros), with w and
@@ -20,7 +20,7 @@
 #include <type_traits>
 
 #include "ops/cuda/elementwise.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/short_conv.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

@@ -1,4 +1,4 @@
-// The log decay of Gated DeltaNet and KDA (Mamba2's parameterisation) in one kernel each way (see kernels.h
+// The log decay of Gated DeltaNet and KDA (Mamba2's parameterisation) in one kernel each way (see softplus_decay.h
 // for the contract): for f [rows, C] with C = H * K channels, channel c in head c / K,
 //   g[r, c] = -exp(A_log[c / K]) softplus(f[r, c] + dt_bias[c])          (fp32)
 // and backward, given dg [rows, C] fp32, with z = f + dt_bias and a = exp(A_log):
@@ -13,7 +13,7 @@
 #include <c10/util/Half.h>
 
 #include "ops/cuda/elementwise.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/softplus_decay.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

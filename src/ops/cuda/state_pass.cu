@@ -1,11 +1,11 @@
-// The sequential part of the chunked forms of families A and B as CUDA kernels (see kernels.h).
+// The sequential part of the chunked forms of the GLA and delta-rule families as CUDA kernels (see state_pass.h).
 //
-// Family A (no W): the chunk contributions dS_n = KdT_n U_n do not depend on the state, so the caller
+// The GLA family (no W): the chunk contributions dS_n = KdT_n U_n do not depend on the state, so the caller
 // forms them in one batched product and the recurrence is a plain decayed scan,
 //   S^(n+1) = Diag(D_n) S^(n) + dS_n,
 // one thread per state entry walking the chunks (decay_scan_*; memory-bound, every read coalesced).
 //
-// Family B (delta rule): X_n = U_n - W_n S^(n) needs the state, so the products stay inside the walk.
+// The delta rule (delta rule): X_n = U_n - W_n S^(n) needs the state, so the products stay inside the walk.
 // The recurrence over chunks never mixes value columns, so each block owns kTile columns of one
 // (batch, head) and walks the chunks with its [K, kTile] slice of the state in shared memory;
 // B*H*ceil(V/kTile) independent blocks. Per chunk the block stages one [C, K] matrix (W_n, then KdT_n)
@@ -14,7 +14,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/state_pass.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/shared_memory.cuh"
 
@@ -88,7 +88,7 @@ __device__ void rows_times_slice(float4& acc0, float4& acc1, const float* A, int
   }
 }
 
-// Family B forward. S [K][kTile] the state slice, X [C][kTile] the chunk's write vectors, M the staged
+// The delta rule forward. S [K][kTile] the state slice, X [C][kTile] the chunk's write vectors, M the staged
 // matrix (W_n as [C][K+1], then KdT_n as [K][C+1]).
 __global__ void delta_pass_forward_kernel(const float* __restrict__ W, const float* __restrict__ U,
                                           const float* __restrict__ KdT, const float* __restrict__ D,
@@ -141,7 +141,7 @@ __global__ void delta_pass_forward_kernel(const float* __restrict__ W, const flo
   store_slice(S_final, S, static_cast<size_t>(bh) * K, K, V, j0, tv);
 }
 
-// Family B backward. L [K][kTile] the gradient of the state leaving the current chunk, X [C][kTile]
+// The delta rule backward. L [K][kTile] the gradient of the state leaving the current chunk, X [C][kTile]
 // dV_total of the chunk, M the staged matrix (KdT_n as [K][C+1], then W_n as [C][K+1]).
 __global__ void delta_pass_backward_kernel(const float* __restrict__ W, const float* __restrict__ KdT,
                                            const float* __restrict__ D, const float* __restrict__ dSn,
@@ -198,7 +198,7 @@ __global__ void delta_pass_backward_kernel(const float* __restrict__ W, const fl
   store_slice(dS0, L, static_cast<size_t>(bh) * K, K, V, j0, tv);
 }
 
-// Family A, forward: thread i owns entry i of the flattened [B*H, K*V] state and walks the chunks.
+// The GLA family, forward: thread i owns entry i of the flattened [B*H, K*V] state and walks the chunks.
 __global__ void decay_scan_forward_kernel(const float* __restrict__ dS, const float* __restrict__ D,
                                           const float* __restrict__ S0, float* __restrict__ Sn,
                                           float* __restrict__ S_final, int N, int K, int V, int64_t total) {
@@ -215,7 +215,7 @@ __global__ void decay_scan_forward_kernel(const float* __restrict__ dS, const fl
   S_final[i] = s;
 }
 
-// Family A, backward: Lambda[n] = dLoss/dS^(n+1), walking the chunks in reverse.
+// The GLA family, backward: Lambda[n] = dLoss/dS^(n+1), walking the chunks in reverse.
 __global__ void decay_scan_backward_kernel(const float* __restrict__ D, const float* __restrict__ dSn,
                                            const float* __restrict__ dS_final, float* __restrict__ Lambda,
                                            float* __restrict__ dS0, int N, int K, int V, int64_t total) {
@@ -245,14 +245,14 @@ unsigned scan_blocks(int64_t total) { return static_cast<unsigned>((total + kThr
 
 }  // namespace
 
-detail::StatePass delta_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
-                                     const torch::Tensor& D, const torch::Tensor& S0) {
+DeltaPassForward delta_pass_forward(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+                                    const torch::Tensor& D, const torch::Tensor& S0) {
   const int64_t B = U.size(0), H = U.size(1), N = U.size(2), C = U.size(3), V = U.size(4), K = KdT.size(3);
   const c10::cuda::CUDAGuard guard(U.device());
   auto Wc = fp32_contiguous(W), Uc = fp32_contiguous(U), Kc = fp32_contiguous(KdT), Dc = fp32_contiguous(D),
        S0c = fp32_contiguous(S0);
   const auto opts = Uc.options();
-  detail::StatePass out;
+  DeltaPassForward out;
   out.states = torch::empty({B, H, N, K, V}, opts);
   out.writes = torch::empty({B, H, N, C, V}, opts);
   out.final_state = torch::empty({B, H, K, V}, opts);

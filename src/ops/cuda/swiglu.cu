@@ -1,5 +1,5 @@
 // The SwiGLU product of the Llama MLP, z = silu(gate) ⊙ up, element by element in one kernel each way (see
-// kernels.h for the contract), rounded as the libtorch formula `torch::silu(gate) * up` rounds it:
+// swiglu.h for the contract), rounded as the libtorch formula `torch::silu(gate) * up` rounds it:
 //   a = round(silu(gate)),   z = round(a up)
 // and backward, given dz:
 //   du = round(dz a),   dgate = round(round(dz up) silu'(gate)),   silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
@@ -18,7 +18,7 @@
 #include <type_traits>
 
 #include "ops/cuda/elementwise.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/swiglu.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

@@ -1,4 +1,4 @@
-// Inverse of unit lower-triangular matrices, (I + L)^{-1} with L strictly lower (see kernels.h).
+// Inverse of unit lower-triangular matrices, (I + L)^{-1} with L strictly lower (see unit_lower_inverse.h).
 //
 // One block per matrix, one thread per column c of the inverse: forward substitution of
 // (I + L) x = e_c, x_r = [r == c] - Σ_{j<r} L[r,j] x_j. Every thread runs the same (r, j) loop, so the
@@ -7,7 +7,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/unit_lower_inverse.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/shared_memory.cuh"
 

@@ -26,7 +26,8 @@
 #include <vector>
 
 #include "ops/cuda/chunk_tiles.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/chunk_delta_rule.h"
+#include "ops/cuda/ut_transform.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {

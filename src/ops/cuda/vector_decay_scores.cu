@@ -36,7 +36,8 @@
 #include <vector>
 
 #include "ops/cuda/chunk_tiles.cuh"
-#include "ops/cuda/kernels.h"
+#include "ops/cuda/chunk_vector_decay.h"
+#include "ops/cuda/vector_decay_scores.h"
 #include "ops/cuda/launch.cuh"
 
 namespace linearize::ops::cuda_kernels {
