@@ -124,6 +124,11 @@ TEST(Study, OnlyTrainsTheTeachersOfTheSelectedCells) {
   EXPECT_EQ(results_in(out).size(), 2u);
   EXPECT_TRUE(fs::exists(fs::path(out) / "teachers" / "small" / "model.safetensors"));
   EXPECT_FALSE(fs::exists(fs::path(out) / "teachers" / "large"));
+  // The report's tables cover the teacher that ran, not the one that has no result yet.
+  const auto report = read_file((fs::path(out) / "report" / "report.md").string());
+  EXPECT_NE(report.find("teacher small"), std::string::npos) << report;
+  EXPECT_EQ(report.find("teacher large"), std::string::npos) << report;
+  EXPECT_EQ(report.find("| large |"), std::string::npos) << report;
 }
 
 TEST(Study, BadStudyFilesFailAtOnce) {

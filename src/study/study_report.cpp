@@ -173,8 +173,14 @@ void write_study_report(const StudySpec& spec, const std::string& out, const std
     const auto p = fs::path(out) / "teachers" / (t.name + ".eval.json");
     if (fs::exists(p)) d.teacher_eval[t.name] = nlohmann::json::parse(read_file(p.string()));
   }
-  // Teachers by size, as scale figures read.
-  for (const auto& t : spec.teachers) d.teachers.push_back(t.name);
+  // Teachers by size, as scale figures read; those with neither an evaluation nor a result yet (a study
+  // run part of the way) are left out of the tables rather than shown as rows of dashes.
+  for (const auto& t : spec.teachers) {
+    const bool has_result = std::any_of(d.results.begin(), d.results.end(), [&](const nlohmann::json& r) {
+      return r.value("teacher_name", "") == t.name;
+    });
+    if (d.teacher_eval.count(t.name) || has_result) d.teachers.push_back(t.name);
+  }
   auto params = [&](const std::string& t) {
     return d.teacher_eval.count(t) ? d.teacher_eval.at(t).value("parameters", int64_t{0}) : int64_t{0};
   };
