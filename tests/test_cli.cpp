@@ -5,12 +5,17 @@
 #include <array>
 #include <cmath>
 #include <set>
+#include <sstream>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
+#include "distill/sft.h"
+#include "distill/stages.h"
 #include "io/atomic_file.h"
 #include "io/token_shards.h"
+#include "model/mixers/mixer_config.h"
+#include "train/pretrain.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -39,6 +44,38 @@ TEST(Cli, HelpForEveryCommand) {
   auto p = run("eval ppl --help");
   EXPECT_EQ(p.code, 0);
   EXPECT_NE(p.out.find("--seq-len N"), std::string::npos) << p.out;
+}
+
+// The help shows the defaults the code uses, not a copy of them: each line below is built from the options
+// structs, so a default changed in one place only fails here.
+TEST(Cli, HelpDefaultsAreTheCodes) {
+  auto shown = [](double v) {
+    std::ostringstream o;
+    o << v;
+    return "(default: " + o.str() + ")";
+  };
+  const linearize::DistillOptions d;
+  const auto distill = run("distill --help");
+  ASSERT_EQ(distill.code, 0);
+  for (int s = 0; s < 3; ++s) {
+    const auto line = distill.out.substr(distill.out.find("--lr" + std::to_string(s + 1)));
+    EXPECT_NE(line.substr(0, line.find('\n')).find(shown(d.stage[s].lr)), std::string::npos) << line;
+  }
+  EXPECT_NE(distill.out.find("(default: " + d.stage[2].schedule + ")"), std::string::npos);
+  EXPECT_NE(distill.out.find("(default: " + std::to_string(d.seq_len) + ")"), std::string::npos);
+  for (const auto& m : linearize::mixer_kinds()) EXPECT_NE(distill.out.find(" " + m), std::string::npos) << m;
+  const linearize::PretrainOptions p;
+  const auto pretrain = run("pretrain --help");
+  ASSERT_EQ(pretrain.code, 0);
+  const auto lr_line = pretrain.out.substr(pretrain.out.find("--lr X"));
+  EXPECT_NE(lr_line.substr(0, lr_line.find('\n')).find(shown(p.loop.schedule.lr)), std::string::npos) << lr_line;
+  EXPECT_NE(pretrain.out.find("(default: " + p.loop.schedule.kind + ")"), std::string::npos);
+  const linearize::SftOptions sft;
+  const auto sft_help = run("sft --help");
+  ASSERT_EQ(sft_help.code, 0);
+  const auto seq_line = sft_help.out.substr(sft_help.out.find("--seq-len N"));
+  EXPECT_NE(seq_line.substr(0, seq_line.find('\n')).find("(default: " + std::to_string(sft.seq_len) + ")"),
+            std::string::npos) << seq_line;
 }
 
 TEST(Cli, ErrorsAreOneClearLine) {
