@@ -5,7 +5,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/self_exe.h"
+#include "compat/child_process.h"
 #include "demo/demo.h"
 #include "io/error.h"
 

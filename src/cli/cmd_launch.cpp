@@ -17,7 +17,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "cli/self_exe.h"
+#include "compat/child_process.h"
 #include "io/error.h"
 
 namespace linearize::cli {
@@ -106,26 +106,20 @@ int cmd_launch(const std::vector<std::string>& argv) {
   ::sigaction(SIGTERM, &sa, nullptr);
 
   for (int64_t local = 0; local < nproc; ++local) {
-    const pid_t pid = ::fork();
-    if (pid < 0) throw Error("launch: fork failed");
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(node_rank * nproc + local).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(nnodes * nproc).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("OMP_NUM_THREADS", omp.c_str(), 0);
-      std::vector<char*> cargv;
-      cargv.push_back(const_cast<char*>(exe.c_str()));
-      for (auto& a : child) cargv.push_back(const_cast<char*>(a.c_str()));
-      cargv.push_back(nullptr);
-      ::execv(exe.c_str(), cargv.data());
-      std::cerr << "error: launch: cannot run " << exe << "\n";
-      ::_exit(127);
+    const std::vector<ChildEnv> env = {{"RANK", std::to_string(node_rank * nproc + local)},
+                                       {"LOCAL_RANK", std::to_string(local)},
+                                       {"WORLD_SIZE", std::to_string(nnodes * nproc)},
+                                       {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
+                                       {"GROUP_RANK", std::to_string(node_rank)},
+                                       {"MASTER_ADDR", addr},
+                                       {"MASTER_PORT", std::to_string(port)},
+                                       {"OMP_NUM_THREADS", omp, /*overwrite=*/false}};
+    try {
+      g_children.push_back(start_child(exe, child, env));
+    } catch (const Error&) {
+      forward_signal(SIGTERM);
+      throw Error("launch: cannot start process " + std::to_string(local) + " of " + std::to_string(nproc));
     }
-    g_children.push_back(pid);
   }
   std::cerr << "[launch] " << nproc << " processes on this node (" << nnodes * nproc << " in all), rendezvous "
             << addr << ":" << port << "\n";
@@ -134,18 +128,14 @@ int cmd_launch(const std::vector<std::string>& argv) {
   int exit_code = 0;
   size_t running = g_children.size();
   while (running > 0) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    auto it = std::find(g_children.begin(), g_children.end(), pid);
+    const auto ended = wait_any_child();
+    if (!ended) break;
+    auto it = std::find(g_children.begin(), g_children.end(), ended->pid);
     if (it == g_children.end()) continue;
     const int64_t local = it - g_children.begin();
     *it = -1;
     --running;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const int code = ended->code;
     if (code != 0 && exit_code == 0) {
       exit_code = code;
       std::cerr << "[launch] local rank " << local << " exited with code " << code << "; stopping the others\n";

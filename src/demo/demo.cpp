@@ -1,6 +1,5 @@
 #include "demo/demo.h"
 
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "compat/child_process.h"
 #include "compat/cpu_threads.h"
 #include "data/retrieval_episodes.h"
 #include "data/retrieval_mixtures.h"
@@ -345,42 +345,27 @@ std::vector<double> distill_in_children(const std::vector<StudentRun>& runs, con
   while (next < runs.size() || running > 0) {
     while (next < runs.size() && static_cast<int64_t>(running) < jobs) {
       const auto& r = runs[next];
-      const std::string log = r.dir + ".log";
-      std::vector<std::string> args = r.arguments();
-      std::vector<char*> argv{const_cast<char*>(program.c_str())};
-      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      const pid_t pid = ::fork();
-      if (pid < 0) {
+      try {
+        pids[next] = start_child(program, r.arguments(), {{"OMP_NUM_THREADS", "1"}}, r.dir + ".log");
+      } catch (const Error&) {
         stop_all();
         throw Error("demo: cannot start a process for " + r.mixer);
       }
-      if (pid == 0) {
-        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) ::dup2(fd, 1), ::dup2(fd, 2);
-        ::setenv("OMP_NUM_THREADS", "1", 1);
-        ::execv(program.c_str(), argv.data());
-        std::cerr << "error: demo: cannot run " << program << "\n";
-        ::_exit(127);
-      }
-      pids[next] = pid;
       started[next] = Clock::now();
       ++next, ++running;
     }
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) {
-      if (errno == EINTR) continue;
+    const auto ended = wait_any_child();
+    if (!ended) {
       stop_all();
       throw Error("demo: lost track of the student processes");
     }
-    const auto it = std::find(pids.begin(), pids.end(), pid);
+    const auto it = std::find(pids.begin(), pids.end(), ended->pid);
     if (it == pids.end()) continue;
     const size_t i = static_cast<size_t>(it - pids.begin());
     *it = -1;
     --running;
     seconds[i] = since(started[i]);
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const int code = ended->code;
     if (code != 0) {
       stop_all();
       throw Error("demo: distilling " + runs[i].mixer + " failed (exit code " + std::to_string(code) + "); the end of " +
