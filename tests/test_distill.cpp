@@ -242,21 +242,21 @@ TEST(Distill, Stage3LossMatchesItsFormula) {
   std::vector<bool> emulated{false};
   if (ops::kernel_emulation_available()) emulated.push_back(true);
   for (const bool emulate : emulated)
-    for (const std::string reduction : {"token_mean", "batchmean"})
+    for (const auto reduction : {KlReduction::token_mean, KlReduction::batchmean})
       for (const double temp : {1.0, 2.0}) {
         DistillOptions o;
         o.kl_reduction = reduction, o.kl_temperature = temp, o.ce_weight = 0.7, o.kl_weight = 1.3;
         auto s64 = s.to(torch::kDouble).requires_grad_(true);
         auto lp_s = torch::log_softmax(s64 / temp, -1), lp_t = torch::log_softmax(t.to(torch::kDouble) / temp, -1);
         auto kl_sum = (lp_t.exp() * (lp_t - lp_s)).sum();
-        auto kl = reduction == "batchmean" ? kl_sum / static_cast<double>(B) : kl_sum / (B * T) * temp * temp;
+        auto kl = reduction == KlReduction::batchmean ? kl_sum / static_cast<double>(B) : kl_sum / (B * T) * temp * temp;
         auto want = 0.7 * torch::nn::functional::cross_entropy(s64.view({-1, V}), y.view({-1})) + 1.3 * kl;
         want.backward();
         test::EmulationScope scope(emulate);
         auto sv = s.clone().requires_grad_(true);
         auto got = stage3_loss(o, sv, t, y);
         got.backward();
-        SCOPED_TRACE(reduction + " T=" + std::to_string(temp) + (emulate ? " (emulated kernels)" : ""));
+        SCOPED_TRACE(to_string(reduction) + " T=" + std::to_string(temp) + (emulate ? " (emulated kernels)" : ""));
         EXPECT_LT(std::abs(got.item<double>() - want.item<double>()), 1e-5 * std::abs(want.item<double>()));
         EXPECT_LT(test::rel_err(sv.grad(), s64.grad()), 1e-5);
       }
@@ -274,9 +274,9 @@ TEST(DistillPaper, PresetAndDefectsSetWhatTheySay) {
   };
   DistillOptions o;
   apply_distill_preset(o, "paper");
-  EXPECT_EQ(o.stage2_loss, "l2");
+  EXPECT_EQ(o.stage2_loss, Stage2Loss::l2);
   EXPECT_TRUE(o.stage2_final_norm_target);
-  EXPECT_EQ(o.kl_reduction, "token_mean");
+  EXPECT_EQ(o.kl_reduction, KlReduction::token_mean);
   EXPECT_DOUBLE_EQ(o.stage[1].warmup, 0.2);
   EXPECT_DOUBLE_EQ(o.stage[0].decay, 0.1);
   EXPECT_TRUE(o.stage[0].cosine_decay);
@@ -287,11 +287,11 @@ TEST(DistillPaper, PresetAndDefectsSetWhatTheySay) {
   apply_paper_defects(o, {"stage2_lr", "kl_batchmean"});
   EXPECT_EQ(o.stage[1].schedule, "constant");
   EXPECT_DOUBLE_EQ(last_lr(o.stage[1], 1000), 2e-3);  // never decays
-  EXPECT_EQ(o.kl_reduction, "batchmean");
+  EXPECT_EQ(o.kl_reduction, KlReduction::batchmean);
   EXPECT_EQ(o.defects, (std::vector<std::string>{"stage2_lr", "kl_batchmean"}));
   DistillOptions d;
   apply_distill_preset(d, "default");
-  EXPECT_EQ(d.stage2_loss, "mse");
+  EXPECT_EQ(d.stage2_loss, Stage2Loss::mse);
   EXPECT_FALSE(d.stage[1].cosine_decay);
   EXPECT_THROW(apply_paper_defects(d, {"gqa", "gqa"}), Error);
   try {
@@ -319,7 +319,7 @@ TEST(DistillPaper, StageTwoLossAndTargets) {
     return student->layer(l)->forward(trace.layer_in[l], nullptr) - target;  // [B,T,hidden]
   };
   DistillOptions o;
-  o.stage2_loss = "l2";
+  o.stage2_loss = Stage2Loss::l2;
   const auto d0 = diff(0, trace.layer_out[0]), d1 = diff(1, trace.layer_out[1]);
   const double per_token = (d0.norm(2, -1).mean() + d1.norm(2, -1).mean()).item<double>();
   EXPECT_NEAR(stage2_loss(o, student, trace, {0, 1}).item<double>(), per_token, 1e-5 * per_token);
@@ -329,7 +329,7 @@ TEST(DistillPaper, StageTwoLossAndTargets) {
   const double with_norm = (d0.norm(2, -1).mean() + dn.norm(2, -1).mean()).item<double>();
   EXPECT_NEAR(stage2_loss(o, student, trace, {0, 1}).item<double>(), with_norm, 1e-5 * with_norm);
   EXPECT_GT(std::abs(with_norm - per_token), 1e-3 * per_token);
-  o.stage2_loss = "mse";
+  o.stage2_loss = Stage2Loss::mse;
   o.stage2_final_norm_target = false;
   const double mse = (d0.pow(2).mean() + d1.pow(2).mean()).item<double>();
   EXPECT_NEAR(stage2_loss(o, student, trace, {0, 1}).item<double>(), mse, 1e-5 * mse);

@@ -160,6 +160,26 @@ TEST(Study, BadStudyFilesFailAtOnce) {
   EXPECT_TRUE(fs::is_empty(dir) || fs::directory_iterator(dir)->path().filename() == "s.json");
 }
 
+// A variant's distillation settings are read before any teacher trains: a bad one stops the study at once,
+// naming the variant and the key, with nothing trained.
+TEST(Study, BadVariantFailsBeforeAnythingTrains) {
+  auto j = tiny_study();
+  j["variants"] = {{{"name", "ok"}}, {{"name", "odd"}, {"kl_reduction", "sum"}}};
+  const std::string out = test::fresh_dir("study", "bad_variant");
+  StudyOptions o;
+  o.out = out;
+  try {
+    run_study(parse_study(j, "tiny.json", out), o);
+    FAIL() << "a study with kl_reduction \"sum\" ran";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("variant odd: kl_reduction: unknown KL reduction \"sum\" (expected token_mean or batchmean)"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_FALSE(fs::exists(fs::path(out) / "teachers"));
+}
+
 // Each built-in study is a file the study reader accepts as it stands (the paper preset with three copies of
 // the tiny real model as its teachers), and its data mixture's weights add up to one.
 TEST(Study, BuiltInPresetsAreValidStudies) {

@@ -139,8 +139,8 @@ int cmd_distill(const std::vector<std::string>& argv) {
     apply_paper_defects(o, defects);
   }
   if (args.has("mixer-config")) o.mixer_overrides = parse_mixer_overrides(args.str("mixer-config"));
-  if (args.has("stage2-loss")) o.stage2_loss = args.str("stage2-loss");
-  if (args.has("kl-reduction")) o.kl_reduction = args.str("kl-reduction");
+  if (args.has("stage2-loss")) o.stage2_loss = parse_stage2_loss(args.str("stage2-loss"), "--stage2-loss");
+  if (args.has("kl-reduction")) o.kl_reduction = parse_kl_reduction(args.str("kl-reduction"), "--kl-reduction");
   o.ce_weight = args.number("ce-weight");
   o.kl_weight = args.number("kl-weight");
   o.kl_temperature = args.number("kl-temperature");

@@ -21,23 +21,38 @@ namespace linearize {
 
 namespace fs = std::filesystem;
 
+Stage2Loss parse_stage2_loss(const std::string& name, const std::string& what) {
+  if (name == "mse") return Stage2Loss::mse;
+  if (name == "l2") return Stage2Loss::l2;
+  throw Error(what + ": unknown stage-2 loss \"" + name + "\" (expected mse or l2)");
+}
+
+KlReduction parse_kl_reduction(const std::string& name, const std::string& what) {
+  if (name == "token_mean") return KlReduction::token_mean;
+  if (name == "batchmean") return KlReduction::batchmean;
+  throw Error(what + ": unknown KL reduction \"" + name + "\" (expected token_mean or batchmean)");
+}
+
+std::string to_string(Stage2Loss loss) { return loss == Stage2Loss::l2 ? "l2" : "mse"; }
+std::string to_string(KlReduction reduction) { return reduction == KlReduction::batchmean ? "batchmean" : "token_mean"; }
+
 std::vector<std::string> paper_defect_names() { return {"gqa", "kda_gate", "kl_batchmean", "stage2_lr", "bf16_weights"}; }
 
 void apply_distill_preset(DistillOptions& o, const std::string& preset) {
   if (preset == "paper") {
-    o.stage2_loss = "l2";
+    o.stage2_loss = Stage2Loss::l2;
     o.stage2_final_norm_target = true;
     // Hugging Face's get_wsd_schedule as the study calls it: 10% warmup (20% in stage 2), cosine decay over
     // the last 10% to 1e-4 of the peak.
     for (int s : {0, 1}) o.stage[s] = {o.stage[s].lr, "wsd", s == 0 ? 0.1 : 0.2, 0.1, true, 1e-4};
   } else if (preset == "default") {
-    o.stage2_loss = "mse";
+    o.stage2_loss = Stage2Loss::mse;
     o.stage2_final_norm_target = false;
     for (int s : {0, 1}) o.stage[s] = {o.stage[s].lr, "wsd", 0.1, 0.2, false, 0.0};
   } else {
     throw Error("unknown preset \"" + preset + "\" (expected default or paper)");
   }
-  o.kl_reduction = "token_mean";
+  o.kl_reduction = KlReduction::token_mean;
   o.preset = preset;
 }
 
@@ -50,7 +65,7 @@ void apply_paper_defects(DistillOptions& o, const std::vector<std::string>& defe
       throw Error("--paper-defects: unknown defect \"" + d + "\" (known: " + list + ")");
     }
     if (std::count(defects.begin(), defects.end(), d) > 1) throw Error("--paper-defects: \"" + d + "\" given twice");
-    if (d == "kl_batchmean") o.kl_reduction = "batchmean";
+    if (d == "kl_batchmean") o.kl_reduction = KlReduction::batchmean;
     if (d == "stage2_lr") o.stage[1].schedule = "constant";
   }
   o.defects = defects;
@@ -98,7 +113,7 @@ torch::Tensor stage2_loss(const DistillOptions& o, CausalLM& student, const Trac
     auto out = student->layer(l)->forward(trace.layer_in[l], nullptr).to(torch::kFloat);
     const auto& target = o.stage2_final_norm_target && l == last ? trace.final_norm_out : trace.layer_out[l];
     auto diff = out - target.to(torch::kFloat);  // [B,T,hidden]
-    loss = loss + (o.stage2_loss == "l2" ? diff.norm(2, -1).mean() : diff.pow(2).mean());
+    loss = loss + (o.stage2_loss == Stage2Loss::l2 ? diff.norm(2, -1).mean() : diff.pow(2).mean());
   }
   return loss;
 }
@@ -112,7 +127,7 @@ torch::Tensor stage3_loss(const DistillOptions& o, const torch::Tensor& s_logits
   auto ce = terms.ce.sum() / y.ge(0).logical_and(y.lt(V)).sum().to(torch::kFloat);
   const double T = o.kl_temperature;
   torch::Tensor kl;
-  if (o.kl_reduction == "batchmean") kl = terms.kl.sum() / static_cast<double>(s_logits.size(0));
+  if (o.kl_reduction == KlReduction::batchmean) kl = terms.kl.sum() / static_cast<double>(s_logits.size(0));
   else kl = terms.kl.mean() * (T * T);
   return o.ce_weight * ce + o.kl_weight * kl;
 }
@@ -138,10 +153,6 @@ DistillResult distill(const DistillOptions& o) {
   for (double w : {o.kl_weight, o.ce_weight})
     if (!(w >= 0) || !std::isfinite(w)) throw Error("--kl-weight and --ce-weight must be finite and >= 0");
   if (o.splits.size() != 3) throw Error("--splits needs three parts a|b|c, one per stage");
-  if (o.stage2_loss != "mse" && o.stage2_loss != "l2")
-    throw Error("stage-2 loss \"" + o.stage2_loss + "\" unknown (expected mse or l2)");
-  if (o.kl_reduction != "token_mean" && o.kl_reduction != "batchmean")
-    throw Error("KL reduction \"" + o.kl_reduction + "\" unknown (expected token_mean or batchmean)");
   for (const auto& st : o.stage) check_schedule_kind(st.schedule);
   refuse_output_inside(o.out, o.teacher, "the teacher's folder");
 

@@ -40,6 +40,19 @@ struct StageSettings {
 //   bf16_weights  the student's weights, gradients and optimizer state in bf16 only (no fp32 master copy)
 std::vector<std::string> paper_defect_names();
 
+// Stage 2's distance between the student's and the teacher's hidden states: the mean squared error per
+// element (ours), or the mean over tokens of the L2 norm of the difference (the study's).
+enum class Stage2Loss { mse, l2 };
+// Stage 3's KL term: the mean over tokens (ours), or summed and divided by the batch size ("batchmean", the
+// study's), which grows with the sequence length.
+enum class KlReduction { token_mean, batchmean };
+// The names used on the command line and in study files ("mse", "l2"; "token_mean", "batchmean"); the parsers
+// throw an Error naming `what` (the option or key) and the accepted names.
+Stage2Loss parse_stage2_loss(const std::string& name, const std::string& what);
+KlReduction parse_kl_reduction(const std::string& name, const std::string& what);
+std::string to_string(Stage2Loss loss);
+std::string to_string(KlReduction reduction);
+
 struct DistillOptions {
   std::string teacher;  // teacher model folder
   std::string data;     // .u32 shard (or text)
@@ -54,12 +67,12 @@ struct DistillOptions {
   int64_t tokens = 0;  // total token budget over the stages (0: each stage one pass over its slice)
   std::vector<double> splits = {0.026, 0.053, 0.92};
   StageSettings stage[3] = {{2e-4, "wsd", 0.1}, {2e-3, "wsd", 0.1}, {3e-4, "linear", 0.1}};
-  std::string stage2_loss = "mse";  // mse | l2
+  Stage2Loss stage2_loss = Stage2Loss::mse;
   bool stage2_final_norm_target = false;  // the last layer's stage-2 target: the teacher's final-normed state
   double ce_weight = 1.0;
   double kl_weight = 1.0;
   double kl_temperature = 1.0;
-  std::string kl_reduction = "token_mean";  // token_mean | batchmean
+  KlReduction kl_reduction = KlReduction::token_mean;
   TrainLoopOptions loop;  // batch, grad_accum, clip, device, seed, resume, checkpoint_every, ...
 };
 

@@ -66,6 +66,8 @@ class Runner {
     StudyOutcome outcome;
     outcome.expected = static_cast<int64_t>(cells.size() * spec_.budgets.size());
     if (!o_.report_only) {
+      // Every cell's settings are read before anything trains, so that a bad variant fails at once.
+      for (const auto& c : cells) distill_options(c, spec_.budgets.back(), out_);
       try {
         prepare_data();
         for (const auto& t : spec_.teachers) {  // only the teachers of the selected cells (--only)
@@ -272,8 +274,10 @@ class Runner {
     if (v.contains("layers")) d.layers = v["layers"].get<std::vector<int64_t>>();
     if (v.contains("kl_weight")) d.kl_weight = v["kl_weight"].get<double>();
     if (v.contains("kl_temperature")) d.kl_temperature = v["kl_temperature"].get<double>();
-    if (v.contains("kl_reduction")) d.kl_reduction = v["kl_reduction"].get<std::string>();
-    if (v.contains("stage2_loss")) d.stage2_loss = v["stage2_loss"].get<std::string>();
+    if (v.contains("kl_reduction"))
+      d.kl_reduction = parse_kl_reduction(v["kl_reduction"].get<std::string>(), "variant " + c.variant->name + ": kl_reduction");
+    if (v.contains("stage2_loss"))
+      d.stage2_loss = parse_stage2_loss(v["stage2_loss"].get<std::string>(), "variant " + c.variant->name + ": stage2_loss");
     if (v.contains("paper_defects")) apply_paper_defects(d, v["paper_defects"].get<std::vector<std::string>>());
     if (v.contains("mixer_config")) d.mixer_overrides = v["mixer_config"];
     d.loop.batch = spec_.batch;
