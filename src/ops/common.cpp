@@ -7,6 +7,7 @@
 
 #include "compat/torch_compat.h"
 #include "io/error.h"
+#include "ops/chunk/chunk.h"
 #include "ops/common.h"
 #include "ops/ops.h"
 
@@ -115,13 +116,7 @@ bool g_emulation = false;
 
 void set_fused_kernels(bool on) { g_fused = on; }
 
-bool fused_kernels_enabled() {
-#ifdef LINEARIZE_WITH_KERNELS
-  return g_fused;
-#else
-  return false;
-#endif
-}
+bool fused_kernels_enabled() { return g_fused && detail::kernels_built(); }
 
 bool kernel_emulation_available() {
 #ifdef LINEARIZE_CUDA_EMULATION

@@ -1,6 +1,8 @@
 // What the chunked forms of the three mixer families share (internal to src/ops): the gated intra-chunk
 // scores, the triangular solve, the state pass over chunks, the scalar decay's gradient through a fused
 // walk, what the fused chunk kernels read, and the fused decode step of the GLA and delta-rule families.
+// The fused_* functions live in fused_*.cpp files, compiled only in builds with kernels (ops/no_kernels.cpp
+// answers "not available" otherwise); each returns nothing where its kernels do not apply.
 #pragma once
 #include <torch/torch.h>
 
@@ -83,5 +85,23 @@ torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tenso
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                           const torch::Tensor& h0, double scale, int64_t groups = 1);
+
+// The kernels' forms of diagonal_block_scores, solve_unit_lower, state_pass, walk_decay_gradient and
+// ops::softplus_decay, for the inputs they take (fused_*.cpp beside this header).
+std::optional<std::vector<torch::Tensor>> fused_diagonal_block_scores(const std::vector<torch::Tensor>& Xs,
+                                                                      const torch::Tensor& Y, const torch::Tensor& G,
+                                                                      bool strict);
+std::optional<torch::Tensor> fused_solve_unit_lower(const torch::Tensor& L, const torch::Tensor& R);
+std::optional<StatePass> fused_state_pass(const torch::Tensor& W, const torch::Tensor& U, const torch::Tensor& KdT,
+                                          const torch::Tensor& D, const torch::Tensor& S0);
+std::optional<torch::Tensor> fused_walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k,
+                                                       const torch::Tensor& dot_w, int64_t chunk,
+                                                       const torch::Tensor& d_final, const torch::Tensor& final_state);
+std::optional<torch::Tensor> fused_softplus_decay(const torch::Tensor& f, const torch::Tensor& dt_bias,
+                                                  const torch::Tensor& A_log);
+
+// Whether this build has kernels at all (the GPU build, or the CPU build's emulator): what
+// ops::fused_kernels_enabled asks before its switch.
+bool kernels_built();
 
 }  // namespace linearize::ops::detail

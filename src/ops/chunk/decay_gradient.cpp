@@ -1,21 +1,14 @@
 // A scalar decay's gradient through a fused walk, from the row sums its backward gives (chunk.h): one
-// kernel on a kernel device (ops/cuda/decay_gradient.cu), else libtorch.
+// kernel on a kernel device (fused_decay_gradient.cpp), else libtorch.
 #include "ops/chunk/chunk.h"
 #include "ops/common.h"
 #include "ops/ops.h"
-
-#ifdef LINEARIZE_WITH_KERNELS
-#include "ops/cuda/decay_gradient.h"
-#endif
 
 namespace linearize::ops::detail {
 
 torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tensor& dot_k, const torch::Tensor& dot_w,
                                   int64_t chunk, const torch::Tensor& d_final, const torch::Tensor& final_state) {
-#ifdef LINEARIZE_WITH_KERNELS
-  if (on_kernel_device(dot_q) && cuda_kernels::decay_gradient_supported(chunk))
-    return cuda_kernels::decay_gradient(dot_q, dot_k, dot_w, chunk, d_final, final_state);
-#endif
+  if (auto fused = fused_walk_decay_gradient(dot_q, dot_k, dot_w, chunk, d_final, final_state)) return *fused;
   auto db = dot_q - dot_k;                                               // [B,H,T]
   auto dg = db.flip(2).cumsum(2).flip(2);                                // Σ_{t >= s}
   if (dot_w.defined()) {

@@ -8,10 +8,6 @@
 #include "ops/chunk/chunk.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_KERNELS
-#include "ops/cuda/diagonal_scores.h"
-#endif
-
 namespace linearize::ops::detail {
 
 namespace {
@@ -28,38 +24,11 @@ std::vector<torch::Tensor> diagonal_scores_libtorch(const std::vector<torch::Ten
   return out;
 }
 
-#ifdef LINEARIZE_WITH_KERNELS
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-struct DiagonalScoresFunction : public torch::autograd::Function<DiagonalScoresFunction> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& X, const torch::Tensor& Y,
-                               const torch::Tensor& G, bool strict) {
-    ctx->save_for_backward({X, Y, G});
-    ctx->saved_data["strict"] = strict;
-    return cuda_kernels::diagonal_scores_forward(X, Y, G, strict);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    auto g = cuda_kernels::diagonal_scores_backward(saved[0], saved[1], saved[2], grads[0],
-                                                    ctx->saved_data["strict"].toBool());
-    return {g.dX, g.dY, g.dG, torch::Tensor()};
-  }
-};
-#endif
-
 }  // namespace
 
 std::vector<torch::Tensor> diagonal_block_scores(const std::vector<torch::Tensor>& Xs, const torch::Tensor& Y,
                                                  const torch::Tensor& G, bool strict) {
-#ifdef LINEARIZE_WITH_KERNELS
-  if (fused_kernels_enabled() && on_kernel_device(Y) && G.scalar_type() == torch::kFloat && Y.size(-2) == 16) {
-    auto Yc = Y.to(torch::kFloat).contiguous(), Gc = G.contiguous();
-    std::vector<torch::Tensor> out;
-    for (const auto& X : Xs) out.push_back(DiagonalScoresFunction::apply(X.to(torch::kFloat).contiguous(), Yc, Gc, strict));
-    return out;
-  }
-#endif
+  if (auto fused = fused_diagonal_block_scores(Xs, Y, G, strict)) return *fused;
   return diagonal_scores_libtorch(Xs, Y, G, strict);
 }
 

@@ -14,15 +14,12 @@
 #include "ops/delta_rule/delta_rule.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/chunk_delta_rule.h"
 #include "ops/cuda/placeholder.h"
 #include "ops/cuda/ut_transform.h"
-#endif
 
 namespace linearize::ops::detail {
 
-#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 using cuda_kernels::present;
@@ -88,11 +85,9 @@ struct UtTransformFunction : public torch::autograd::Function<UtTransformFunctio
 };
 
 }  // namespace
-#endif
 
 std::optional<torch::ScalarType> fused_delta_rule_dtype(const torch::Tensor& q, const torch::Tensor& k,
                                                         const torch::Tensor& v, GateKind kind, int64_t chunk) {
-#ifdef LINEARIZE_WITH_KERNELS
   // A fixed decay per head takes the libtorch form: its gradient is the sum of the per-step ones over B
   // and T, where the row-sum identity's cancelling terms cost too much precision (6e-2 against fp32 on
   // bf16 inputs, where the scalar decay gets 6e-3). No mixer uses a fixed decay with the delta rule.
@@ -102,13 +97,8 @@ std::optional<torch::ScalarType> fused_delta_rule_dtype(const torch::Tensor& q, 
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::delta_walk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
   return dt;
-#else
-  (void)q, (void)k, (void)v, (void)kind, (void)chunk;
-  return std::nullopt;
-#endif
 }
 
-#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 // W, U [B,H,N*64,64] from k, v already in the kernels' dtype and layout (aligned_rows), beta [B,T,H] and
@@ -121,34 +111,23 @@ std::pair<torch::Tensor, torch::Tensor> ut_transform(const torch::Tensor& k, con
 }
 
 }  // namespace
-#endif
 
 std::pair<torch::Tensor, torch::Tensor> fused_ut_transform(const torch::Tensor& k, const torch::Tensor& v,
                                                            const torch::Tensor& beta, const torch::Tensor& g,
                                                            GateKind kind, torch::ScalarType dt) {
-#ifdef LINEARIZE_WITH_KERNELS
   return ut_transform(aligned_rows(k.to(dt)), aligned_rows(v.to(dt)), beta,
                       kernel_gate(g, kind, k.size(0), k.size(1), k.options()));
-#else
-  (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)dt;
-  throw std::logic_error("fused_ut_transform: not compiled in (CPU build)");
-#endif
 }
 
 OpResult fused_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                 const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                 const torch::Tensor& h0, double scale, torch::ScalarType dt) {
-#ifdef LINEARIZE_WITH_KERNELS
   // k and the gate feed both the transform and the walk: converted once.
   auto operand = [&](const torch::Tensor& t) { return aligned_rows(t.to(dt)); };
   auto kd = operand(k), gh = kernel_gate(g, kind, q.size(0), q.size(1), q.options());
   auto [W, U] = ut_transform(kd, operand(v), beta, gh);  // [B,H,N*64,64]
   auto out = DeltaWalkFunction::apply(operand(q), kd, W, U, gh, kernel_state(h0, q.options()), scale);
   return OpResult{out[0].to(v.scalar_type()), out[1]};
-#else
-  (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)dt;
-  throw std::logic_error("fused_delta_rule_chunk: not compiled in (CPU build)");
-#endif
 }
 
 }  // namespace linearize::ops::detail

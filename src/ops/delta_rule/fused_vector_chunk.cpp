@@ -29,15 +29,12 @@
 #include "ops/gla/gla.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/chunk_vector_decay.h"
 #include "ops/cuda/placeholder.h"
 #include "ops/cuda/ut_transform.h"
-#endif
 
 namespace linearize::ops::detail {
 
-#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 using cuda_kernels::present;
@@ -160,13 +157,11 @@ OpResult vector_delta_rule(const torch::Tensor& q, const torch::Tensor& k, const
 }
 
 }  // namespace
-#endif
 
 std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                       const torch::Tensor& v, const torch::Tensor& beta,
                                                       const torch::Tensor& g, GateKind kind, const torch::Tensor& h0,
                                                       double scale, int64_t chunk) {
-#ifdef LINEARIZE_WITH_KERNELS
   const int64_t B = q.size(0), H = q.size(2), K = q.size(3), V = v.size(3);
   // No decay or one per step at K = V = 64: the scalar-decay kernels (fused_chunk.cpp), which are faster.
   if (kind != GateKind::Vector && K == kHead && V == kHead) return std::nullopt;
@@ -175,10 +170,6 @@ std::optional<OpResult> fused_vector_delta_rule_chunk(const torch::Tensor& q, co
   if (K % kHead != 0 || V % kHead != 0 || !cuda_kernels::vector_walk_supported(K, *dt)) return std::nullopt;
   if (B * H * std::max(K, V) / kHead > 65535) return std::nullopt;  // the scores and UT kernels' grid rows
   return vector_delta_rule(q, k, v, beta, gate_per_channel(g, kind, q), h0, scale, *dt);
-#else
-  (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
-  return std::nullopt;
-#endif
 }
 
 }  // namespace linearize::ops::detail

@@ -15,14 +15,11 @@
 #include "ops/gla/gla.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/chunk_scalar_decay.h"
 #include "ops/cuda/placeholder.h"
-#endif
 
 namespace linearize::ops::detail {
 
-#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 using cuda_kernels::present;
@@ -56,12 +53,10 @@ struct ScalarDecayChunkFunction : public torch::autograd::Function<ScalarDecayCh
 };
 
 }  // namespace
-#endif
 
 std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
-#ifdef LINEARIZE_WITH_KERNELS
   if (kind == GateKind::Vector) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt || !cuda_kernels::scalar_decay_chunk_supported(q.size(3), v.size(3), *dt)) return std::nullopt;
@@ -70,10 +65,6 @@ std::optional<OpResult> fused_scalar_decay_chunk(const torch::Tensor& q, const t
                                              kernel_gate(g, kind, q.size(0), q.size(1), q.options()),
                                              kernel_state(h0, q.options()), scale);
   return OpResult{out[0].to(v.scalar_type()), out[1]};
-#else
-  (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
-  return std::nullopt;
-#endif
 }
 
 }  // namespace linearize::ops::detail

@@ -25,15 +25,12 @@
 #include "ops/gla/gla.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/chunk_vector_decay.h"
 #include "ops/cuda/placeholder.h"
 #include "ops/cuda/vector_decay_scores.h"
-#endif
 
 namespace linearize::ops::detail {
 
-#ifdef LINEARIZE_WITH_KERNELS
 namespace {
 
 constexpr int64_t kHead = 64;  // the kernels' head size
@@ -99,26 +96,19 @@ struct VectorWalkFunction : public torch::autograd::Function<VectorWalkFunction>
 };
 
 }  // namespace
-#endif
 
 VectorScores fused_vector_scores(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& g,
                                  torch::ScalarType dt, double scale, bool key_scores) {
-#ifdef LINEARIZE_WITH_KERNELS
   auto s = VectorScoresFunction::apply(aligned_rows(q.to(dt)), aligned_rows(k.to(dt)),
                                        aligned_rows(g.to(torch::kFloat)), scale, key_scores);
   VectorScores out{s[0], s[1], s[2], s[3], {}, {}};
   if (key_scores) out.Akk = s[4], out.ek = s[5];
   return out;
-#else
-  (void)q, (void)k, (void)g, (void)dt, (void)scale, (void)key_scores;
-  throw std::logic_error("fused_vector_scores: not compiled in (CPU build)");
-#endif
 }
 
 std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const torch::Tensor& k,
                                                  const torch::Tensor& v, const torch::Tensor& g, GateKind kind,
                                                  const torch::Tensor& h0, double scale, int64_t chunk) {
-#ifdef LINEARIZE_WITH_KERNELS
   if (kind != GateKind::Vector) return std::nullopt;
   const auto dt = fused_chunk_dtype(q, k, v, chunk);
   if (!dt) return std::nullopt;
@@ -145,10 +135,6 @@ std::optional<OpResult> fused_vector_decay_chunk(const torch::Tensor& q, const t
   o = (groups == 1 ? o : o.to(torch::kFloat).sum(3)).reshape({B, T, H, V});
   auto state = out[1].view({B, H, groups, n, group, kHead}).permute({0, 1, 2, 4, 3, 5}).reshape({B, H, K, V});
   return OpResult{o.to(v.scalar_type()), state};
-#else
-  (void)q, (void)k, (void)v, (void)g, (void)kind, (void)h0, (void)scale, (void)chunk;
-  return std::nullopt;
-#endif
 }
 
 }  // namespace linearize::ops::detail

@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -28,5 +29,20 @@ std::optional<MlstmResult> fused_mlstm_chunk(const torch::Tensor& q, const torch
 MlstmResult mlstm_as_linear_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& igate, const torch::Tensor& fgate, const MlstmState& init,
                                       double scale, double eps, int64_t chunk);
+
+// The parts of the mLSTM around its numerator: the keys k' = e^{i - m} k [B,T,H,K] in the numerator's
+// dtype, the numerator's decay g [B,H,T], the max state m [B,H,T], the normaliser den = n·q^ [B,H,T] and
+// the final n [B,H,K]. m carries its own gradient; inside g and k' it is held constant (m0 excepted).
+// q is the queries as the numerator takes them: q itself, or q passed through the kernels' node, which
+// then adds the numerator's gradient of q to its own in one pass.
+struct MlstmParts {
+  torch::Tensor kp, g, m, den, n_final, q;
+};
+
+// h and the final state from the parts: the numerator through gla_chunk (in k''s dtype), then
+// h = numerator / (max(|den|, e^{-m}) + eps) with m's own gradient added (as_linear_attention.cpp), the
+// division by `divide` (numerator -> h) when given (the kernels'), else in libtorch.
+MlstmResult mlstm_join(const MlstmParts& parts, const torch::Tensor& v, const MlstmState& init, double scale,
+                       double eps, int64_t chunk, const std::function<torch::Tensor(const torch::Tensor&)>& divide);
 
 }  // namespace linearize::ops::detail

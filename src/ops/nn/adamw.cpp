@@ -7,33 +7,10 @@
 
 #include "io/error.h"
 #include "ops/common.h"
+#include "ops/nn/nn.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_KERNELS
-#include "ops/cuda/adamw.h"
-#endif
-
 namespace linearize::ops {
-
-namespace {
-
-bool kernel_applies(const AdamWUpdate& u) {
-#ifdef LINEARIZE_WITH_KERNELS
-  if (!fused_kernels_enabled()) return false;
-  for (size_t i = 0; i < u.p.size(); ++i)
-    if (!on_kernel_device(u.p[i]) || !cuda_kernels::adamw_supported(u.p[i], u.g[i]) ||
-        !cuda_kernels::adamw_supported(u.m[i], u.g[i]) || !cuda_kernels::adamw_supported(u.v[i], u.g[i]) ||
-        u.p[i].device() != u.p[0].device())
-      return false;
-  return !u.grad_scale.defined() ||
-         (u.grad_scale.scalar_type() == torch::kFloat && u.grad_scale.device() == u.p[0].device());
-#else
-  (void)u;
-  return false;
-#endif
-}
-
-}  // namespace
 
 void adamw_update(const AdamWUpdate& u) {
   const size_t n = u.p.size();
@@ -44,9 +21,7 @@ void adamw_update(const AdamWUpdate& u) {
   if (u.grad_scale.defined() && u.grad_scale.numel() != 1)
     throw Error("adamw_update: expected grad_scale to hold one number; got " + detail::shape_of(u.grad_scale));
   torch::NoGradGuard no_grad;
-#ifdef LINEARIZE_WITH_KERNELS
-  if (n > 0 && kernel_applies(u)) return cuda_kernels::adamw_update(u);
-#endif
+  if (n > 0 && detail::fused_adamw_update(u)) return;
   for (size_t i = 0; i < n; ++i) {
     const auto g = u.grad_scale.defined() ? u.g[i].mul(u.grad_scale) : u.g[i];
     if (u.decay[i] != 1.0) u.p[i].mul_(u.decay[i]);

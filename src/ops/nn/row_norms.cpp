@@ -8,78 +8,13 @@
 #include <optional>
 
 #include "ops/common.h"
+#include "ops/nn/nn.h"
 #include "ops/ops.h"
-
-#ifdef LINEARIZE_WITH_KERNELS
-#include "ops/cuda/placeholder.h"
-#include "ops/cuda/row_norms.h"
-#endif
 
 namespace linearize::ops {
 
-namespace {
-
-#ifdef LINEARIZE_WITH_KERNELS
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// x [rows, D] contiguous, weight [D] or an empty placeholder (none), gate [rows, D] or a placeholder (none,
-// then act is Gate::none) -> y [rows, D].
-struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
-  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
-                               const torch::Tensor& gate, double mean_scale, double eps, int64_t act) {
-    auto r = cuda_kernels::row_norm_forward(x, cuda_kernels::present(weight), mean_scale, eps,
-                                            cuda_kernels::present(gate), static_cast<Gate>(act));
-    ctx->save_for_backward({x, weight, gate, r.rstd});
-    ctx->saved_data["mean_scale"] = mean_scale;
-    ctx->saved_data["act"] = act;
-    return {r.y};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &rstd = saved[3];
-    const auto weight = cuda_kernels::present(saved[1]), gate = cuda_kernels::present(saved[2]);
-    const auto y_dtype = weight.defined() ? at::promote_types(x.scalar_type(), weight.scalar_type()) : x.scalar_type();
-    const auto dy = grads[0].to(y_dtype).contiguous();
-    auto r = cuda_kernels::row_norm_backward(x, weight, rstd, dy, ctx->saved_data["mean_scale"].toDouble(),
-                                             weight.defined() && ctx->needs_input_grad(1), gate,
-                                             static_cast<Gate>(ctx->saved_data["act"].toInt()));
-    return {r.dx, r.dw, r.dgate, torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-};
-#endif
-
-// The kernels' form of a norm of x over its last dim with weight (or none), times act(gate) where act is
-// not none, or nothing where they do not apply.
-std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch::Tensor& weight, double mean_scale,
-                                            double eps, const torch::Tensor& gate = {}, Gate act = Gate::none) {
-#ifdef LINEARIZE_WITH_KERNELS
-  if (!fused_kernels_enabled() || !on_kernel_device(x) || x.dim() < 1 || x.numel() == 0) return std::nullopt;
-  const int64_t D = x.size(-1);
-  if (weight.defined() && (weight.dim() != 1 || weight.size(0) != D || weight.device() != x.device()))
-    return std::nullopt;
-  if (!cuda_kernels::row_norm_supported(x.scalar_type(), weight.defined() ? weight.scalar_type() : x.scalar_type(), D))
-    return std::nullopt;
-  if (act != Gate::none &&
-      (gate.sizes() != x.sizes() || gate.scalar_type() != x.scalar_type() || gate.device() != x.device()))
-    return std::nullopt;
-  auto placeholder = torch::empty({0}, x.options());
-  auto w = weight.defined() ? weight.contiguous() : placeholder;
-  auto g = act != Gate::none ? gate.contiguous().view({-1, D}) : placeholder;
-  auto y = RowNormFunction::apply(x.contiguous().view({-1, D}), w, g, mean_scale, eps,
-                                  static_cast<int64_t>(act))[0];
-  return y.view(x.sizes());
-#else
-  (void)x, (void)weight, (void)mean_scale, (void)eps, (void)gate, (void)act;
-  return std::nullopt;
-#endif
-}
-
-}  // namespace
-
 torch::Tensor l2_norm(const torch::Tensor& x, double eps) {
-  if (auto y = fused_row_norm(x, torch::Tensor(), 1.0, eps)) return *y;
+  if (auto y = detail::fused_row_norm(x, torch::Tensor(), 1.0, eps)) return *y;
   const auto dt = detail::compute_dtype(x);
   auto xf = x.to(dt);
   auto y = xf * torch::rsqrt(xf.pow(2).sum(-1, /*keepdim=*/true) + eps);
@@ -89,7 +24,7 @@ torch::Tensor l2_norm(const torch::Tensor& x, double eps) {
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps, const torch::Tensor& gate,
                        Gate act) {
   if (x.dim() >= 1) {
-    if (auto y = fused_row_norm(x, weight, 1.0 / static_cast<double>(x.size(-1)), eps, gate, act)) return *y;
+    if (auto y = detail::fused_row_norm(x, weight, 1.0 / static_cast<double>(x.size(-1)), eps, gate, act)) return *y;
   }
   auto xf = x.to(torch::kFloat);  // fp32 as Hugging Face's, fp64 inputs included
   auto y = weight * (xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type());

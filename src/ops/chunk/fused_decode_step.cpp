@@ -6,16 +6,13 @@
 #include "ops/common.h"
 #include "ops/ops.h"
 
-#ifdef LINEARIZE_WITH_KERNELS
 #include "ops/cuda/recurrent_step.h"
-#endif
 
 namespace linearize::ops::detail {
 
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                           const torch::Tensor& h0, double scale, int64_t groups) {
-#ifdef LINEARIZE_WITH_KERNELS
   if (!fused_kernels_enabled() || !on_kernel_device(q) || q.size(1) != 1 || v.scalar_type() == torch::kDouble)
     return std::nullopt;
   // The kernel has no backward: a step that autograd must see runs as libtorch ops.
@@ -31,10 +28,6 @@ std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::T
                                                  beta.defined() ? beta.select(1, 0) : torch::Tensor(), S, scale,
                                                  groups);
   return OpResult{o.unsqueeze(1), S_new};
-#else
-  (void)q, (void)k, (void)v, (void)beta, (void)g, (void)kind, (void)h0, (void)scale, (void)groups;
-  return std::nullopt;
-#endif
 }
 
 }  // namespace linearize::ops::detail

@@ -1,0 +1,67 @@
+// RMS and L2 norms through ops/cuda/row_norms.cu (nn.h, detail::fused_row_norm): one kernel each way behind
+// an autograd node that keeps x, the weight and the per-row factor.
+#include <optional>
+
+#include "ops/common.h"
+#include "ops/nn/nn.h"
+#include "ops/ops.h"
+#include "ops/cuda/placeholder.h"
+#include "ops/cuda/row_norms.h"
+
+namespace linearize::ops::detail {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// x [rows, D] contiguous, weight [D] or an empty placeholder (none), gate [rows, D] or a placeholder (none,
+// then act is Gate::none) -> y [rows, D].
+struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
+                               const torch::Tensor& gate, double mean_scale, double eps, int64_t act) {
+    auto r = cuda_kernels::row_norm_forward(x, cuda_kernels::present(weight), mean_scale, eps,
+                                            cuda_kernels::present(gate), static_cast<Gate>(act));
+    ctx->save_for_backward({x, weight, gate, r.rstd});
+    ctx->saved_data["mean_scale"] = mean_scale;
+    ctx->saved_data["act"] = act;
+    return {r.y};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &rstd = saved[3];
+    const auto weight = cuda_kernels::present(saved[1]), gate = cuda_kernels::present(saved[2]);
+    const auto y_dtype = weight.defined() ? at::promote_types(x.scalar_type(), weight.scalar_type()) : x.scalar_type();
+    const auto dy = grads[0].to(y_dtype).contiguous();
+    auto r = cuda_kernels::row_norm_backward(x, weight, rstd, dy, ctx->saved_data["mean_scale"].toDouble(),
+                                             weight.defined() && ctx->needs_input_grad(1), gate,
+                                             static_cast<Gate>(ctx->saved_data["act"].toInt()));
+    return {r.dx, r.dw, r.dgate, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+// The kernels' form of a norm of x over its last dim with weight (or none), times act(gate) where act is
+// not none, or nothing where they do not apply.
+std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch::Tensor& weight, double mean_scale,
+                                            double eps, const torch::Tensor& gate, Gate act) {
+  if (!fused_kernels_enabled() || !on_kernel_device(x) || x.dim() < 1 || x.numel() == 0) return std::nullopt;
+  const int64_t D = x.size(-1);
+  if (weight.defined() && (weight.dim() != 1 || weight.size(0) != D || weight.device() != x.device()))
+    return std::nullopt;
+  if (!cuda_kernels::row_norm_supported(x.scalar_type(), weight.defined() ? weight.scalar_type() : x.scalar_type(), D))
+    return std::nullopt;
+  if (act != Gate::none &&
+      (gate.sizes() != x.sizes() || gate.scalar_type() != x.scalar_type() || gate.device() != x.device()))
+    return std::nullopt;
+  auto placeholder = torch::empty({0}, x.options());
+  auto w = weight.defined() ? weight.contiguous() : placeholder;
+  auto g = act != Gate::none ? gate.contiguous().view({-1, D}) : placeholder;
+  auto y = RowNormFunction::apply(x.contiguous().view({-1, D}), w, g, mean_scale, eps,
+                                  static_cast<int64_t>(act))[0];
+  return y.view(x.sizes());
+}
+
+}  // namespace linearize::ops::detail

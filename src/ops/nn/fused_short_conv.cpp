@@ -1,0 +1,63 @@
+// The mixers' short convolutions through ops/cuda/short_conv.cu (nn.h, detail::fused_short_conv): one kernel
+// each way behind an autograd node.
+#include <optional>
+
+#include "ops/common.h"
+#include "ops/nn/nn.h"
+#include "ops/ops.h"
+#include "ops/cuda/placeholder.h"
+#include "ops/cuda/short_conv.h"
+
+namespace linearize::ops::detail {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// x [B, T, C], w [C, W], bias [C] or a placeholder, prefix [B, C, W-1] or a placeholder, all contiguous ->
+// y [B, T, C], and the cache [B, C, W-1] (not differentiable; empty unless want_cache).
+struct ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               const torch::Tensor& bias, const torch::Tensor& prefix, bool silu, bool want_cache) {
+    using cuda_kernels::present;
+    auto r = cuda_kernels::short_conv_forward(x, w, present(bias), present(prefix), silu, want_cache);
+    ctx->save_for_backward({x, w, bias, prefix});
+    ctx->saved_data["silu"] = silu;
+    auto cache = want_cache ? r.cache : torch::empty({0}, x.options());
+    ctx->mark_non_differentiable({cache});
+    return {r.y, cache};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    using cuda_kernels::present;
+    const auto saved = ctx->get_saved_variables();
+    const auto& x = saved[0];
+    const auto dy = grads[0].defined() ? grads[0].to(x.scalar_type()).contiguous() : torch::zeros_like(x);
+    auto r = cuda_kernels::short_conv_backward(x, saved[1], present(saved[2]), present(saved[3]), dy,
+                                               ctx->saved_data["silu"].toBool());
+    return {r.dx, r.dw, r.dbias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::optional<ShortConvResult> fused_short_conv(const torch::Tensor& x, const torch::Tensor& weight,
+                                                const torch::Tensor& bias, const torch::Tensor& prefix, bool silu,
+                                                bool want_cache) {
+  const int64_t W = weight.size(2);
+  const bool fused = fused_kernels_enabled() && on_kernel_device(x) && x.numel() > 0 &&
+                     cuda_kernels::short_conv_supported(x.scalar_type(), weight.scalar_type(), W) &&
+                     weight.device() == x.device() &&
+                     (!bias.defined() || (bias.scalar_type() == weight.scalar_type() && bias.device() == x.device())) &&
+                     (!prefix.defined() || (!prefix.requires_grad() && prefix.device() == x.device()));
+  if (!fused) return std::nullopt;
+  auto placeholder = torch::empty({0}, x.options());
+  auto p = prefix.defined() ? prefix.to(x.scalar_type()).contiguous() : placeholder;
+  auto r = ShortConvFunction::apply(x.contiguous(), weight.view({x.size(2), W}).contiguous(),
+                                    bias.defined() ? bias.contiguous() : placeholder, p,
+                                    silu, want_cache);
+  return ShortConvResult{r[0], want_cache ? r[1] : torch::Tensor()};
+}
+
+}  // namespace linearize::ops::detail
