@@ -160,6 +160,47 @@ TEST(Study, BadStudyFilesFailAtOnce) {
   EXPECT_TRUE(fs::is_empty(dir) || fs::directory_iterator(dir)->path().filename() == "s.json");
 }
 
+// eval.ppl.data.held_out: each text file of the mixture is cut after a line; the tail is the perplexity
+// text, and the teacher, the students and the tokenizer read the head only.
+TEST(Study, HeldOutTailsOfTheTextFilesAreThePerplexityText) {
+  const std::string out = test::fresh_dir("study", "held_out");
+  const std::string text_path = out + "_prose.txt";
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "Line " + std::to_string(i) + " of the prose: the cat sat on the mat.\n";
+  std::ofstream(text_path) << text;
+  auto j = tiny_study();
+  j["mixers"] = nlohmann::json::array({"gla"});
+  j["budgets"] = nlohmann::json::array({4 * 64 * 12});
+  j["data"]["sources"] = {{{"generator", "retrieval_episodes"}, {"weight", 0.5}, {"max_chars", 200}},
+                          {{"path", text_path}, {"weight", 0.5}}};
+  j["tokenizer"]["train"]["inputs"] = nlohmann::json::array({text_path});
+  j["eval"]["ppl"] = {{"data", {{"held_out", 0.25}}}, {"seq_len", 64}};
+  StudyOptions o;
+  o.out = out;
+  o.only = {"small__"};
+  const auto outcome = run_study(parse_study(j, "tiny.json", out), o);
+  EXPECT_TRUE(outcome.finished);
+  const auto head = read_file(out + "/data/train/" + fs::path(text_path).filename().string());
+  const auto tail = read_file(out + "/data/heldout.txt");
+  EXPECT_EQ(head + tail, text);  // cut after a line, nothing lost or repeated
+  EXPECT_NEAR(static_cast<double>(tail.size()) / static_cast<double>(text.size()), 0.25, 0.01);
+  EXPECT_EQ(tail.substr(0, 5), "Line ");
+  const auto mixture = nlohmann::json::parse(read_file(out + "/data/mixture.json"));
+  EXPECT_EQ(mixture["sources"][1]["path"], out + "/data/train/" + fs::path(text_path).filename().string());
+  const auto eval = nlohmann::json::parse(read_file(out + "/teachers/small.eval.json"));
+  EXPECT_EQ(eval["ppl"]["data"], out + "/data/heldout.txt");
+  EXPECT_GT(eval["ppl"]["tokens"].get<int64_t>(), 100);
+  // A study whose mixture has no text file cannot hold any out.
+  auto bad = tiny_study();
+  bad["eval"]["ppl"] = {{"data", {{"held_out", 0.25}}}};
+  try {
+    parse_study(bad, "tiny.json", out);
+    FAIL() << "held_out without a text file was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("held_out needs an inline \"data\" mixture"), std::string::npos) << e.what();
+  }
+}
+
 // A variant's distillation settings are read before any teacher trains: a bad one stops the study at once,
 // naming the variant and the key, with nothing trained.
 TEST(Study, BadVariantFailsBeforeAnythingTrains) {
@@ -178,6 +219,18 @@ TEST(Study, BadVariantFailsBeforeAnythingTrains) {
         << msg;
   }
   EXPECT_FALSE(fs::exists(fs::path(out) / "teachers"));
+  // So does a study for a GPU on a machine or build without one: one line, not libtorch's.
+  if (!torch::cuda::is_available()) {
+    auto g = tiny_study();
+    g["device"] = "cuda";
+    try {
+      run_study(parse_study(g, "tiny.json", out), o);
+      FAIL() << "a cuda study ran without CUDA";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tiny.json: device \"cuda\": CUDA is not available"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 // Each built-in study is a file the study reader accepts as it stands (the paper preset with three copies of

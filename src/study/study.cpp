@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <random>
 
 #include "data/retrieval_episodes.h"
@@ -55,6 +56,9 @@ class Runner {
   Runner(const StudySpec& spec, const StudyOptions& o) : spec_(spec), o_(o), t0_(Clock::now()) {
     out_ = o.out.empty() ? (fs::path("runs") / spec.name).string() : o.out;
     device_ = torch::Device(o.device.empty() ? spec.device : o.device);
+    if (device_.is_cuda() && !torch::cuda::is_available())  // before anything is trained or written
+      throw Error(spec.file + ": device \"" + (o.device.empty() ? spec.device : o.device) +
+                  "\": CUDA is not available in this build or on this machine (run with --device cpu)");
     for (const auto& t : spec.teachers) refuse_output_inside(out_, t.path, "the teacher " + t.name + "'s folder");
     if (o.max_minutes > 0) deadline_ = t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_minutes * 60));
   }
@@ -114,9 +118,20 @@ class Runner {
     return out;
   }
 
-  // The mixture file (an inline mixture is written out), the held-out text, the tokenizer.
+  // The last `fraction` of a text, cut after a line so that no line is split: {head, tail}.
+  static std::pair<std::string, std::string> split_tail(const std::string& text, double fraction) {
+    size_t cut = static_cast<size_t>(static_cast<double>(text.size()) * (1 - fraction));
+    const size_t newline = text.find('\n', cut);
+    cut = newline == std::string::npos ? text.size() : newline + 1;
+    return {text.substr(0, cut), text.substr(cut)};
+  }
+
+  // The mixture file (an inline mixture is written out), the held-out text, the tokenizer. With
+  // eval.ppl.data.held_out, every text file of the mixture is cut in two: its head (data/train/) is what
+  // the tokenizer, the teachers and the students read, its tail goes into data/heldout.txt.
   void prepare_data() {
     fs::create_directories(fs::path(out_) / "data");
+    std::string held_out;
     if (spec_.data.is_string()) {
       data_ = spec_.data.get<std::string>();
     } else {
@@ -124,6 +139,18 @@ class Runner {
       for (auto& s : m["sources"]) {
         if (s.contains("path") && !fs::path(s["path"].get<std::string>()).is_absolute())
           s["path"] = fs::absolute(fs::path(spec_.base) / s["path"].get<std::string>()).string();
+        if (spec_.eval.ppl_held_out > 0 && s.contains("path") && fs::path(s["path"].get<std::string>()).extension() == ".txt") {
+          const fs::path original = s["path"].get<std::string>();
+          const auto [head, tail] = split_tail(read_file(original.string()), spec_.eval.ppl_held_out);
+          const auto head_path = fs::path(out_) / "data" / "train" / original.filename();
+          if (!fs::exists(head_path)) {
+            fs::create_directories(head_path.parent_path());
+            write_file_atomic(head_path.string(), [&](std::ostream& o) { o << head; });
+          }
+          held_out += tail + (tail.empty() || tail.back() == '\n' ? "" : "\n");
+          heads_[fs::weakly_canonical(original).string()] = head_path.string();
+          s["path"] = head_path.string();
+        }
         if (s.contains("filler") && s["filler"] != "english_like" && !fs::path(s["filler"].get<std::string>()).is_absolute())
           s["filler"] = fs::absolute(fs::path(spec_.base) / s["filler"].get<std::string>()).string();
       }
@@ -131,6 +158,10 @@ class Runner {
       write_file_atomic(data_, [&](std::ostream& s) { s << m.dump(2) << "\n"; });
     }
     ppl_data_ = spec_.eval.ppl_data;
+    if (spec_.eval.ppl_held_out > 0) {
+      ppl_data_ = (fs::path(out_) / "data" / "heldout.txt").string();
+      if (!fs::exists(ppl_data_)) write_file_atomic(ppl_data_, [&](std::ostream& s) { s << held_out; });
+    }
     if (!spec_.eval.ppl_generated.is_null()) {
       ppl_data_ = (fs::path(out_) / "data" / "heldout.txt").string();
       if (!fs::exists(ppl_data_)) {
@@ -154,7 +185,10 @@ class Runner {
     bo.vocab_size = t.value("vocab", int64_t{4096});
     bo.isolate_digits = t.value("isolate_digits", true);
     std::vector<std::string> texts;
-    for (const auto& in : t.value("inputs", std::vector<std::string>{})) texts.push_back(read_file(in));
+    for (const auto& in : t.value("inputs", std::vector<std::string>{})) {  // a held-out file: its head only
+      const auto head = heads_.find(fs::weakly_canonical(in).string());
+      texts.push_back(read_file(head == heads_.end() ? in : head->second));
+    }
     if (t.contains("sample")) {  // generated text: the mixture's own kinds
       EnglishLikeOptions e;
       e.documents = t["sample"].value("documents", int64_t{200});
@@ -383,6 +417,7 @@ class Runner {
   Clock::time_point t0_;
   std::optional<Clock::time_point> deadline_;
   std::string out_, data_, ppl_data_, tokenizer_;
+  std::map<std::string, std::string> heads_;  // a held-out text file (canonical path) -> its training head
   torch::Device device_ = torch::kCPU;
 };
 

@@ -182,7 +182,20 @@ StudySpec parse_study(const nlohmann::json& j, const std::string& file, const st
     if (e.contains("ppl")) {
       const auto& p = e["ppl"];
       check_keys(p, {"data", "seq_len", "max_tokens"}, f + ": eval.ppl");
-      if (p.contains("data") && p["data"].is_object()) {
+      if (p.contains("data") && p["data"].is_object() && p["data"].contains("held_out")) {
+        check_keys(p["data"], {"held_out"}, f + ": eval.ppl.data");
+        const auto& h = p["data"]["held_out"];
+        if (!h.is_number() || !(h.get<double>() > 0 && h.get<double>() <= 0.5))
+          throw Error(f + ": eval.ppl.data.held_out: expected a fraction in (0, 0.5], found " + h.dump());
+        bool has_text = false;
+        if (j.contains("data") && j["data"].is_object() && j["data"].contains("sources"))
+          for (const auto& src : j["data"]["sources"])
+            has_text = has_text || (src.contains("path") && src["path"].is_string() &&
+                                    fs::path(src["path"].get<std::string>()).extension() == ".txt");
+        if (!has_text)
+          throw Error(f + ": eval.ppl.data.held_out needs an inline \"data\" mixture with at least one .txt file source");
+        ev.ppl_held_out = h.get<double>();
+      } else if (p.contains("data") && p["data"].is_object()) {
         check_keys(p["data"], {"generator", "documents", "seed"}, f + ": eval.ppl.data");
         if (p["data"].value("generator", "") != "english_like")
           throw Error(f + ": eval.ppl.data: the only generator for held-out text is english_like");

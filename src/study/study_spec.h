@@ -14,7 +14,8 @@
 //  "budgets": [1e6, 4e6],   distillation tokens; smaller budgets are branches of the largest run (below)
 //  "seeds": [0],
 //  "distill": {"seq_len": 256, "batch": 8, "lr": [2e-4, 2e-3, 3e-4], "stage3_schedule": "wsd"},
-//  "eval": {"ppl": {"data": FILE | {"generator": "english_like", "documents": 40}, "seq_len": 256, "max_tokens": N},
+//  "eval": {"ppl": {"data": FILE | {"generator": "english_like", "documents": 40} | {"held_out": 0.05},
+//                   "seq_len": 256, "max_tokens": N},
 //           "tasks": {"names": [...], "limit": 200, "data_dir": DIR},
 //           "niah": {"tasks": ["s_niah_1"], "lengths": [...], "samples": 20, "max_new_tokens": 32, "haystack": FILE}},
 //  "device": "cpu"}
@@ -55,6 +56,8 @@ struct StudyVariant {
 struct StudyEval {
   std::string ppl_data;                 // a file, or generated (ppl_generated)
   nlohmann::json ppl_generated;         // {"generator": "english_like", "documents": N, "seed": S}
+  double ppl_held_out = 0;              // {"held_out": F}: the last F of every text file of the mixture, which
+                                        // then trains on the rest (teachers, students and tokenizer alike)
   int64_t ppl_seq_len = 256, ppl_max_tokens = 0;
   std::vector<std::string> tasks;       // zero-shot tasks (empty: none)
   int64_t tasks_limit = 0;
