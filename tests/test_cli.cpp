@@ -61,7 +61,7 @@ TEST(Cli, HelpDefaultsAreTheCodes) {
     const auto line = distill.out.substr(distill.out.find("--lr" + std::to_string(s + 1)));
     EXPECT_NE(line.substr(0, line.find('\n')).find(shown(d.stage[s].lr)), std::string::npos) << line;
   }
-  EXPECT_NE(distill.out.find("(default: " + d.stage[2].schedule + ")"), std::string::npos);
+  EXPECT_NE(distill.out.find("(default: " + linearize::to_string(d.stage[2].schedule) + ")"), std::string::npos);
   EXPECT_NE(distill.out.find("(default: " + std::to_string(d.seq_len) + ")"), std::string::npos);
   for (const auto& m : linearize::mixer_kinds()) EXPECT_NE(distill.out.find(" " + m), std::string::npos) << m;
   const linearize::PretrainOptions p;
@@ -69,7 +69,7 @@ TEST(Cli, HelpDefaultsAreTheCodes) {
   ASSERT_EQ(pretrain.code, 0);
   const auto lr_line = pretrain.out.substr(pretrain.out.find("--lr X"));
   EXPECT_NE(lr_line.substr(0, lr_line.find('\n')).find(shown(p.loop.schedule.lr)), std::string::npos) << lr_line;
-  EXPECT_NE(pretrain.out.find("(default: " + p.loop.schedule.kind + ")"), std::string::npos);
+  EXPECT_NE(pretrain.out.find("(default: " + linearize::to_string(p.loop.schedule.kind) + ")"), std::string::npos);
   const linearize::SftOptions sft;
   const auto sft_help = run("sft --help");
   ASSERT_EQ(sft_help.code, 0);

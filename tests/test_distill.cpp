@@ -71,7 +71,7 @@ const Fixture& fixture() {
   p.loop.batch = 16;
   p.loop.steps = 250;
   p.loop.schedule.lr = 3e-3;
-  p.loop.schedule.kind = "cosine";
+  p.loop.schedule.kind = ScheduleKind::cosine;
   p.loop.schedule.warmup_frac = 0.05;
   p.loop.quiet = true;
   pretrain(p);
@@ -282,10 +282,10 @@ TEST(DistillPaper, PresetAndDefectsSetWhatTheySay) {
   EXPECT_TRUE(o.stage[0].cosine_decay);
   EXPECT_NEAR(last_lr(o.stage[1], 1000), 2e-3 * 1e-4, 1e-9);  // decayed to 1e-4 of the peak
   Schedule mid;  // the half-cosine: half way through the decay, half way down
-  mid.kind = "wsd", mid.lr = 1.0, mid.warmup_frac = 0, mid.decay_frac = 0.1, mid.cosine_decay = true, mid.total_steps = 1000;
+  mid.kind = ScheduleKind::wsd, mid.lr = 1.0, mid.warmup_frac = 0, mid.decay_frac = 0.1, mid.cosine_decay = true, mid.total_steps = 1000;
   EXPECT_NEAR(mid.at(949), 0.5, 1e-9);
   apply_paper_defects(o, {"stage2_lr", "kl_batchmean"});
-  EXPECT_EQ(o.stage[1].schedule, "constant");
+  EXPECT_EQ(o.stage[1].schedule, ScheduleKind::constant);
   EXPECT_DOUBLE_EQ(last_lr(o.stage[1], 1000), 2e-3);  // never decays
   EXPECT_EQ(o.kl_reduction, KlReduction::batchmean);
   EXPECT_EQ(o.defects, (std::vector<std::string>{"stage2_lr", "kl_batchmean"}));

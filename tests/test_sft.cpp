@@ -236,7 +236,7 @@ TEST(SftRun, TinyRunLowersAssistantLoss) {
   o.packing = true;
   o.loop.batch = 2;
   o.loop.schedule.lr = 3e-3;
-  o.loop.schedule.kind = "cosine";
+  o.loop.schedule.kind = ScheduleKind::cosine;
   o.loop.quiet = true;
   auto r = run_sft(o);
   ASSERT_TRUE(r.finished);

@@ -54,7 +54,7 @@ PretrainOptions tiny_pretrain(const std::string& out) {
   o.loop.batch = 4;
   o.loop.steps = 6;
   o.loop.schedule.lr = 3e-3;
-  o.loop.schedule.kind = "cosine";
+  o.loop.schedule.kind = ScheduleKind::cosine;
   o.loop.quiet = true;
   o.loop.run_dir = out;
   return o;
@@ -90,7 +90,7 @@ TEST(Schedule, Shapes) {
   s.lr = 1.0;
   s.total_steps = 100;
   s.warmup_frac = 0.1;
-  s.kind = "wsd";
+  s.kind = ScheduleKind::wsd;
   s.decay_frac = 0.2;
   EXPECT_DOUBLE_EQ(s.at(0), 0.1);   // warmup: (0+1)/10
   EXPECT_DOUBLE_EQ(s.at(9), 1.0);
@@ -98,16 +98,16 @@ TEST(Schedule, Shapes) {
   EXPECT_DOUBLE_EQ(s.at(79), 1.0);
   EXPECT_NEAR(s.at(89), 0.5, 1e-12);  // halfway through the decay (steps 80..99)
   EXPECT_NEAR(s.at(99), 0.0, 1e-12);
-  s.kind = "linear";
+  s.kind = ScheduleKind::linear;
   EXPECT_NEAR(s.at(99), 0.0, 1e-12);
   EXPECT_NEAR(s.at(54), 0.5, 1e-12);  // (54-10+1)/90
-  s.kind = "cosine";
+  s.kind = ScheduleKind::cosine;
   s.min_lr_frac = 0.1;
   EXPECT_NEAR(s.at(99), 0.1, 1e-12);
   EXPECT_NEAR(s.at(54), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);
-  s.kind = "constant";
+  s.kind = ScheduleKind::constant;
   EXPECT_DOUBLE_EQ(s.at(99), 1.0);
-  EXPECT_THROW(check_schedule_kind("step"), Error);
+  EXPECT_THROW(parse_schedule_kind("step", "--schedule"), Error);
 }
 
 TEST(DataLoader, SplitsAndWindows) {

@@ -94,9 +94,9 @@ int cmd_distill(const std::vector<std::string>& argv) {
        {"lr1", "X", "stage-1 learning rate", default_text(d.stage[0].lr)},
        {"lr2", "X", "stage-2 learning rate", default_text(d.stage[1].lr)},
        {"lr3", "X", "stage-3 learning rate", default_text(d.stage[2].lr)},
-       {"schedule1", "KIND", "stage-1 schedule", d.stage[0].schedule},
+       {"schedule1", "KIND", "stage-1 schedule", to_string(d.stage[0].schedule)},
        {"schedule2", "KIND", "stage-2 schedule (paper preset: constant)"},
-       {"schedule3", "KIND", "stage-3 schedule", d.stage[2].schedule},
+       {"schedule3", "KIND", "stage-3 schedule", to_string(d.stage[2].schedule)},
        {"stage2-loss", "KIND", "mse or l2 (preset decides when absent)"},
        {"ce-weight", "X", "stage-3 cross-entropy weight", default_text(d.ce_weight)},
        {"kl-weight", "X", "stage-3 KL weight", default_text(d.kl_weight)},
@@ -104,7 +104,7 @@ int cmd_distill(const std::vector<std::string>& argv) {
        {"kl-reduction", "KIND", "token_mean or batchmean (preset decides when absent)"},
        {"recipe", "NAME", "standard or instruct (see below)", "standard"},
        {"sft-data", "FILE", "instruct recipe: jsonl conversations for the SFT step"},
-       {"sft-lr", "X", "instruct recipe: SFT learning rate (" + sft.loop.schedule.kind + ")",
+       {"sft-lr", "X", "instruct recipe: SFT learning rate (" + to_string(sft.loop.schedule.kind) + ")",
         default_text(sft.loop.schedule.lr)},
        {"sft-seq-len", "N", "instruct recipe: SFT sequence length", default_text(sft.seq_len)}},
       0,
@@ -130,7 +130,7 @@ int cmd_distill(const std::vector<std::string>& argv) {
   for (int s = 0; s < 3; ++s) {
     const std::string n = std::to_string(s + 1);
     o.stage[s].lr = args.number("lr" + n);
-    if (args.maybe("schedule" + n)) o.stage[s].schedule = args.str("schedule" + n);
+    if (args.maybe("schedule" + n)) o.stage[s].schedule = parse_schedule_kind(args.str("schedule" + n), "--schedule" + n);
     if (args.has("warmup")) o.stage[s].warmup = args.number("warmup");
   }
   if (args.has("paper-defects")) {
@@ -153,7 +153,7 @@ int cmd_distill(const std::vector<std::string>& argv) {
     s.data = args.str("sft-data");
     s.seq_len = args.integer("sft-seq-len");
     s.loop.schedule.lr = args.number("sft-lr");
-    s.loop.schedule.kind = "cosine";
+    s.loop.schedule.kind = ScheduleKind::cosine;
     auto r = run_instruct_recipe(o, s);
     if (!r.distill.finished || !r.sft.finished) std::cerr << "[distill] stopped early (--stop-after); resume with --resume\n";
     return 0;

@@ -60,7 +60,7 @@ std::vector<OptionSpec> training_options(const TrainLoopOptions& d, int64_t seq_
   if (with_schedule) {
     out.insert(out.begin() + 3, {"lr", "X", "peak learning rate", default_text(d.schedule.lr)});
     out.insert(out.begin() + 4,
-               {"schedule", "KIND", "learning-rate schedule: wsd, cosine, linear, constant", d.schedule.kind});
+               {"schedule", "KIND", "learning-rate schedule: wsd, cosine, linear, constant", to_string(d.schedule.kind)});
   }
   return out;
 }
@@ -70,8 +70,7 @@ TrainLoopOptions loop_options(const Args& args) {
   o.batch = args.integer("batch");
   o.grad_accum = args.integer("grad-accum");
   if (args.knows("lr")) o.schedule.lr = args.number("lr");
-  if (args.knows("schedule")) o.schedule.kind = args.str("schedule");
-  check_schedule_kind(o.schedule.kind);
+  if (args.knows("schedule")) o.schedule.kind = parse_schedule_kind(args.str("schedule"), "--schedule");
   o.schedule.warmup_frac = args.number("warmup");
   o.optimizer.weight_decay = args.number("weight-decay");
   o.clip = args.number("clip");

@@ -444,7 +444,7 @@ std::vector<DemoRow> run_demo(const DemoOptions& o) {
     po.loop.batch = p.batch;
     po.loop.steps = p.pretrain_steps;
     po.loop.schedule.lr = p.pretrain_lr;
-    po.loop.schedule.kind = "wsd";
+    po.loop.schedule.kind = ScheduleKind::wsd;
     po.loop.schedule.warmup_frac = 0.01;
     po.loop.seed = o.seed;
     po.loop.device = o.device;

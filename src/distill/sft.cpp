@@ -139,7 +139,7 @@ SftResult run_sft(const SftOptions& o) {
     std::cerr << "[sft] " << records.size() << " conversations -> " << source.num_rows() << " rows of "
               << o.seq_len + 1 << " tokens" << (o.packing ? " (packed)" : "") << ", " << source.truncated()
               << " cut to fit; " << loop.steps << " steps of " << loop.batch << " rows, lr " << loop.schedule.lr
-              << " (" << loop.schedule.kind << ")\n";
+              << " (" << to_string(loop.schedule.kind) << ")\n";
 
   auto probe = source.rows().narrow(0, 0, std::min<int64_t>(16, source.num_rows())).to(loop.device);
   auto mean_loss = [&] {

@@ -31,7 +31,7 @@ struct SftOptions {
   double epochs = 1;
   bool packing = false;
   int64_t max_steps = 0;  // 0: epochs decide
-  TrainLoopOptions loop = loop_with_schedule("cosine", 3e-4);
+  TrainLoopOptions loop = loop_with_schedule(ScheduleKind::cosine, 3e-4);
 };
 
 struct SftResult {

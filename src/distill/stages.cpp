@@ -44,11 +44,11 @@ void apply_distill_preset(DistillOptions& o, const std::string& preset) {
     o.stage2_final_norm_target = true;
     // Hugging Face's get_wsd_schedule as the study calls it: 10% warmup (20% in stage 2), cosine decay over
     // the last 10% to 1e-4 of the peak.
-    for (int s : {0, 1}) o.stage[s] = {o.stage[s].lr, "wsd", s == 0 ? 0.1 : 0.2, 0.1, true, 1e-4};
+    for (int s : {0, 1}) o.stage[s] = {o.stage[s].lr, ScheduleKind::wsd, s == 0 ? 0.1 : 0.2, 0.1, true, 1e-4};
   } else if (preset == "default") {
     o.stage2_loss = Stage2Loss::mse;
     o.stage2_final_norm_target = false;
-    for (int s : {0, 1}) o.stage[s] = {o.stage[s].lr, "wsd", 0.1, 0.2, false, 0.0};
+    for (int s : {0, 1}) o.stage[s] = {o.stage[s].lr, ScheduleKind::wsd, 0.1, 0.2, false, 0.0};
   } else {
     throw Error("unknown preset \"" + preset + "\" (expected default or paper)");
   }
@@ -66,7 +66,7 @@ void apply_paper_defects(DistillOptions& o, const std::vector<std::string>& defe
     }
     if (std::count(defects.begin(), defects.end(), d) > 1) throw Error("--paper-defects: \"" + d + "\" given twice");
     if (d == "kl_batchmean") o.kl_reduction = KlReduction::batchmean;
-    if (d == "stage2_lr") o.stage[1].schedule = "constant";
+    if (d == "stage2_lr") o.stage[1].schedule = ScheduleKind::constant;
   }
   o.defects = defects;
 }
@@ -153,7 +153,6 @@ DistillResult distill(const DistillOptions& o) {
   for (double w : {o.kl_weight, o.ce_weight})
     if (!(w >= 0) || !std::isfinite(w)) throw Error("--kl-weight and --ce-weight must be finite and >= 0");
   if (o.splits.size() != 3) throw Error("--splits needs three parts a|b|c, one per stage");
-  for (const auto& st : o.stage) check_schedule_kind(st.schedule);
   refuse_output_inside(o.out, o.teacher, "the teacher's folder");
 
   LoadOptions lo;
@@ -266,7 +265,7 @@ DistillResult distill(const DistillOptions& o) {
     auto trainable = params_with_prefix(*student, prefixes);
     if (!o.loop.quiet)
       std::cerr << "[" << loop.name << "] " << loop.steps << " steps of " << loop.batch << " x " << o.seq_len
-                << " tokens, lr " << loop.schedule.lr << " (" << loop.schedule.kind << "), "
+                << " tokens, lr " << loop.schedule.lr << " (" << to_string(loop.schedule.kind) << "), "
                 << trainable.size() << " trainable tensors\n";
     auto r = run_training(*student, trainable, *loaders[s], step, loop);
     for (auto& p : student->parameters()) p.set_requires_grad(true);

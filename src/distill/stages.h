@@ -24,7 +24,7 @@ namespace linearize {
 
 struct StageSettings {
   double lr = 3e-4;
-  std::string schedule = "wsd";
+  ScheduleKind schedule = ScheduleKind::wsd;
   double warmup = 0.1;
   double decay = 0.2;         // wsd: fraction of the steps the decay takes
   bool cosine_decay = false;  // wsd: half-cosine decay (the study's, via Hugging Face) instead of linear
@@ -66,7 +66,7 @@ struct DistillOptions {
   int64_t seq_len = 512;
   int64_t tokens = 0;  // total token budget over the stages (0: each stage one pass over its slice)
   std::vector<double> splits = {0.026, 0.053, 0.92};
-  StageSettings stage[3] = {{2e-4, "wsd", 0.1}, {2e-3, "wsd", 0.1}, {3e-4, "linear", 0.1}};
+  StageSettings stage[3] = {{2e-4, ScheduleKind::wsd, 0.1}, {2e-3, ScheduleKind::wsd, 0.1}, {3e-4, ScheduleKind::linear, 0.1}};
   Stage2Loss stage2_loss = Stage2Loss::mse;
   bool stage2_final_norm_target = false;  // the last layer's stage-2 target: the teacher's final-normed state
   double ce_weight = 1.0;

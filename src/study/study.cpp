@@ -72,6 +72,8 @@ class Runner {
     if (!o_.report_only) {
       // Every cell's settings are read before anything trains, so that a bad variant fails at once.
       for (const auto& c : cells) distill_options(c, spec_.budgets.back(), out_);
+      for (const auto& t : spec_.teachers)
+        if (t.pretrain) pretrain_schedule(t);
       try {
         prepare_data();
         for (const auto& t : spec_.teachers) {  // only the teachers of the selected cells (--only)
@@ -209,6 +211,10 @@ class Runner {
     train_bpe_texts(texts, bo).save(tokenizer_);
   }
 
+  ScheduleKind pretrain_schedule(const StudyTeacher& t) const {
+    return parse_schedule_kind(t.pretrain->schedule, spec_.file + ": teacher " + t.name + ": pretrain.schedule");
+  }
+
   void teacher(const StudyTeacher& t) {
     const std::string dir = teacher_dir(t);
     if (t.pretrain && !is_model_folder(dir)) {
@@ -224,7 +230,7 @@ class Runner {
       po.loop.batch = p.batch;
       po.loop.steps = p.steps;
       po.loop.schedule.lr = p.lr;
-      po.loop.schedule.kind = p.schedule;
+      po.loop.schedule.kind = pretrain_schedule(t);
       po.loop.schedule.warmup_frac = p.warmup;
       po.loop.device = device_;
       po.loop.resume = true;
@@ -301,7 +307,7 @@ class Runner {
     d.tokens = budget;
     for (int s = 0; s < 3; ++s) d.stage[s].lr = spec_.lr[s];
     // Stage 3 warms up, stays and decays over its last 20%, so that smaller budgets branch off it.
-    d.stage[2].schedule = "wsd";
+    d.stage[2].schedule = ScheduleKind::wsd;
     d.stage[2].decay = 0.2;
     if (v.contains("stages")) d.stages = v["stages"].get<std::vector<int>>();
     if (v.contains("splits")) d.splits = v["splits"].get<std::vector<double>>();

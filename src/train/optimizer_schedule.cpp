@@ -9,9 +9,22 @@
 
 namespace linearize {
 
-void check_schedule_kind(const std::string& kind) {
-  if (kind != "wsd" && kind != "cosine" && kind != "linear" && kind != "constant")
-    throw Error("unknown learning-rate schedule \"" + kind + "\" (expected wsd, cosine, linear or constant)");
+ScheduleKind parse_schedule_kind(const std::string& name, const std::string& what) {
+  if (name == "wsd") return ScheduleKind::wsd;
+  if (name == "cosine") return ScheduleKind::cosine;
+  if (name == "linear") return ScheduleKind::linear;
+  if (name == "constant") return ScheduleKind::constant;
+  throw Error(what + ": unknown learning-rate schedule \"" + name + "\" (expected wsd, cosine, linear or constant)");
+}
+
+std::string to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::wsd: return "wsd";
+    case ScheduleKind::cosine: return "cosine";
+    case ScheduleKind::linear: return "linear";
+    case ScheduleKind::constant: return "constant";
+  }
+  return "wsd";
 }
 
 double Schedule::at(int64_t step) const {
@@ -20,8 +33,8 @@ double Schedule::at(int64_t step) const {
   const double s = static_cast<double>(step);
   const double min_lr = min_lr_frac * lr;
   if (warmup > 0 && s < warmup) return lr * (s + 1) / warmup;
-  if (kind == "constant") return lr;
-  if (kind == "wsd") {
+  if (kind == ScheduleKind::constant) return lr;
+  if (kind == ScheduleKind::wsd) {
     const double decay_start = total - std::floor(decay_frac * total);
     if (s < decay_start) return lr;
     const double p = std::min(1.0, (s - decay_start + 1) / std::max(1.0, total - decay_start));
@@ -29,10 +42,8 @@ double Schedule::at(int64_t step) const {
     return lr + (min_lr - lr) * p;
   }
   const double p = std::min(1.0, (s - warmup + 1) / std::max(1.0, total - warmup));
-  if (kind == "linear") return lr + (min_lr - lr) * p;
-  if (kind == "cosine") return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * p));
-  check_schedule_kind(kind);
-  return lr;
+  if (kind == ScheduleKind::linear) return lr + (min_lr - lr) * p;
+  return min_lr + 0.5 * (lr - min_lr) * (1 + std::cos(M_PI * p));  // cosine
 }
 
 std::unique_ptr<torch::optim::AdamW> make_adamw(const std::vector<std::pair<std::string, torch::Tensor>>& params,

@@ -14,8 +14,16 @@
 
 namespace linearize {
 
+// The learning-rate schedules: warmup, then stable and a decay over the last decay_frac (wsd), a cosine or
+// linear decay over the rest, or constant.
+enum class ScheduleKind { wsd, cosine, linear, constant };
+// The names of the command line, study files and checkpoints ("wsd", "cosine", "linear", "constant"); the
+// parser throws an Error naming `what` (the option or key) and the accepted names.
+ScheduleKind parse_schedule_kind(const std::string& name, const std::string& what);
+std::string to_string(ScheduleKind kind);
+
 struct Schedule {
-  std::string kind = "wsd";
+  ScheduleKind kind = ScheduleKind::wsd;
   double lr = 3e-4;
   double warmup_frac = 0.1;
   double decay_frac = 0.2;     // wsd only
@@ -25,8 +33,6 @@ struct Schedule {
   // Learning rate for 0-based step `step` (the LR the optimizer uses for that step).
   double at(int64_t step) const;
 };
-
-void check_schedule_kind(const std::string& kind);
 
 struct OptimizerOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;

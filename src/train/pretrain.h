@@ -19,7 +19,7 @@ struct PretrainOptions {
   int64_t tokens = 0;  // total training tokens; sets steps when > 0
   double init_std = 0.02;
   std::string init_from;  // a model folder to continue training from (its shape; the tokenizer must match)
-  TrainLoopOptions loop = loop_with_schedule("cosine", 1e-3);  // steps, batch, lr (schedule), device, resume, ...
+  TrainLoopOptions loop = loop_with_schedule(ScheduleKind::cosine, 1e-3);  // steps, batch, lr (schedule), device, resume, ...
 };
 
 // Returns the final training loss.

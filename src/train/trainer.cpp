@@ -86,7 +86,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
   // What a resumed run must share with the one that wrote the checkpoint for the continuation to be exact.
   // The step count may differ (a budget branch continues a longer run) and so may the number of processes.
   const nlohmann::json settings = {{"seed", o.seed}, {"batch", o.batch}, {"tokens_per_row", loader.tokens_per_row()},
-                                   {"lr", o.schedule.lr}, {"schedule", o.schedule.kind},
+                                   {"lr", o.schedule.lr}, {"schedule", to_string(o.schedule.kind)},
                                    {"weight_decay", o.optimizer.weight_decay}, {"clip", o.clip}};
   int64_t start = 0;
   TrainResult result;

@@ -52,7 +52,7 @@ struct TrainLoopOptions {
 
 // The loop's defaults with another learning-rate schedule: the defaults of a command that trains with its
 // own (pretraining and SFT: cosine).
-inline TrainLoopOptions loop_with_schedule(const std::string& kind, double lr) {
+inline TrainLoopOptions loop_with_schedule(ScheduleKind kind, double lr) {
   TrainLoopOptions o;
   o.schedule.kind = kind;
   o.schedule.lr = lr;
