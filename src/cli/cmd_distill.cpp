@@ -110,7 +110,7 @@ int cmd_distill(const std::vector<std::string>& argv) {
       0,
       0};
   for (auto& opt : sft_options()) spec.options.push_back(opt);
-  for (auto& opt : training_options(TrainLoopOptions{}, d.seq_len, false)) spec.options.push_back(opt);
+  for (auto& opt : training_options(d.loop, d.seq_len, false)) spec.options.push_back(opt);
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
   if (args.has("config")) args.apply_config_file(args.str("config"));

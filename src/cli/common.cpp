@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "compat/device.h"
 #include "io/atomic_file.h"
 #include "io/error.h"
 #include "train/data_parallel.h"
@@ -11,15 +12,7 @@ namespace linearize::cli {
 
 namespace fs = std::filesystem;
 
-torch::Device parse_device(const std::string& s) {
-  if (s == "cpu") return torch::kCPU;
-  if (s.rfind("cuda", 0) == 0) {
-    if (!torch::cuda::is_available())
-      throw Error("--device " + s + ": CUDA is not available in this build or on this machine (use --device cpu)");
-    return torch::Device(s);
-  }
-  throw Error("--device expects cpu, cuda or cuda:N, got \"" + s + "\"");
-}
+torch::Device parse_device(const std::string& s) { return parse_device_name(s, "--device " + s); }
 
 OptionSpec device_option() { return {"device", "DEV", "cpu, cuda or cuda:N", "cpu"}; }
 

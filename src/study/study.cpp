@@ -11,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "compat/device.h"
 #include "data/retrieval_episodes.h"
 #include "data/synthetic_text.h"
 #include "distill/stages.h"
@@ -55,10 +56,8 @@ class Runner {
  public:
   Runner(const StudySpec& spec, const StudyOptions& o) : spec_(spec), o_(o), t0_(Clock::now()) {
     out_ = o.out.empty() ? (fs::path("runs") / spec.name).string() : o.out;
-    device_ = torch::Device(o.device.empty() ? spec.device : o.device);
-    if (device_.is_cuda() && !torch::cuda::is_available())  // before anything is trained or written
-      throw Error(spec.file + ": device \"" + (o.device.empty() ? spec.device : o.device) +
-                  "\": CUDA is not available in this build or on this machine (run with --device cpu)");
+    const std::string device = o.device.empty() ? spec.device : o.device;
+    device_ = parse_device_name(device, spec.file + ": device \"" + device + "\"");  // before anything runs
     for (const auto& t : spec.teachers) refuse_output_inside(out_, t.path, "the teacher " + t.name + "'s folder");
     if (o.max_minutes > 0) deadline_ = t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_minutes * 60));
   }
@@ -141,7 +140,7 @@ class Runner {
       for (auto& s : m["sources"]) {
         if (s.contains("path") && !fs::path(s["path"].get<std::string>()).is_absolute())
           s["path"] = fs::absolute(fs::path(spec_.base) / s["path"].get<std::string>()).string();
-        if (spec_.eval.ppl_held_out > 0 && s.contains("path") && fs::path(s["path"].get<std::string>()).extension() == ".txt") {
+        if (spec_.eval.ppl_held_out > 0 && held_out_source(s)) {
           const fs::path original = s["path"].get<std::string>();
           const auto [head, tail] = split_tail(read_file(original.string()), spec_.eval.ppl_held_out);
           const auto head_path = fs::path(out_) / "data" / "train" / original.filename();

@@ -50,6 +50,11 @@ bool safe_name(const std::string& s) {
 
 }  // namespace
 
+bool held_out_source(const nlohmann::json& source) {
+  return source.is_object() && source.contains("path") && source["path"].is_string() &&
+         fs::path(source["path"].get<std::string>()).extension() == ".txt";
+}
+
 StudySpec parse_study(const nlohmann::json& j, const std::string& file, const std::string& base) {
   const std::string f = file.empty() ? "study" : file;
   check_keys(j, {"name", "tokenizer", "data", "teachers", "mixers", "variants", "budgets", "seeds", "distill", "eval",
@@ -189,9 +194,7 @@ StudySpec parse_study(const nlohmann::json& j, const std::string& file, const st
           throw Error(f + ": eval.ppl.data.held_out: expected a fraction in (0, 0.5], found " + h.dump());
         bool has_text = false;
         if (j.contains("data") && j["data"].is_object() && j["data"].contains("sources"))
-          for (const auto& src : j["data"]["sources"])
-            has_text = has_text || (src.contains("path") && src["path"].is_string() &&
-                                    fs::path(src["path"].get<std::string>()).extension() == ".txt");
+          for (const auto& src : j["data"]["sources"]) has_text = has_text || held_out_source(src);
         if (!has_text)
           throw Error(f + ": eval.ppl.data.held_out needs an inline \"data\" mixture with at least one .txt file source");
         ev.ppl_held_out = h.get<double>();

@@ -87,6 +87,9 @@ struct StudySpec {
 // Reads and checks a study file: unknown keys, unknown mixers, missing teacher folders, budgets <= 0 and the
 // like are one Error naming the file and the key, before anything runs.
 StudySpec read_study(const std::string& path);
+
+// Whether a source of an inline mixture is one that eval.ppl.data.held_out cuts in two: a "path" to a .txt file.
+bool held_out_source(const nlohmann::json& source);
 StudySpec parse_study(const nlohmann::json& j, const std::string& file, const std::string& base);
 
 // Built-in studies: paper (needs three teacher folders), mini (CPU, ~15 min), gpu (one H100/H200).
