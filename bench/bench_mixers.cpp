@@ -42,7 +42,7 @@ std::shared_ptr<TokenMixer> make(int64_t index, std::string* name) {
     return std::make_shared<linearize::LlamaAttention>(teacher);
   }
   *name = kinds.at(index);
-  return linearize::make_mixer(linearize::mixer_preset(kinds.at(index), "default", teacher));
+  return linearize::make_mixer(linearize::mixer_preset(linearize::parse_mixer_kind(kinds.at(index)), "default", teacher));
 }
 
 void set_rate(benchmark::State& state, int64_t tokens) {

@@ -46,7 +46,7 @@ TEST(CudaMixers, FusedChunkUnderAutocastMatchesLibtorch) {
   for (const std::string kind : {"linear_attention", "retnet", "gla", "deltanet", "gated_deltanet", "kda", "mlstm"}) {
     SCOPED_TRACE(kind);
     torch::manual_seed(5);
-    MixerConfig cfg = MixerConfig::defaults_for(kind);
+    MixerConfig cfg = MixerConfig::defaults_for(parse_mixer_kind(kind));
     cfg.hidden_size = 256;
     cfg.num_heads = 4;
     cfg.chunk_size = 64;
@@ -108,7 +108,7 @@ TEST(CudaMixers, DecodeMatchesForwardAndCpu) {
   for (const auto& kind : mixer_kinds()) {
     SCOPED_TRACE(kind);
     torch::manual_seed(2);
-    MixerConfig cfg = MixerConfig::defaults_for(kind);
+    MixerConfig cfg = MixerConfig::defaults_for(parse_mixer_kind(kind));
     cfg.hidden_size = 64;
     cfg.num_heads = 4;
     cfg.chunk_size = 16;
@@ -147,7 +147,7 @@ TEST(CudaTrain, Bf16AutocastStage3KeepsFp32WeightsAndLearns) {
   init_weights_normal(*teacher, 0.05);
   teacher->to(torch::kCUDA, torch::kBFloat16);
   teacher->eval();
-  auto student = build_student(teacher, StudentSpec::make("gated_deltanet", "default", {}, c));
+  auto student = build_student(teacher, StudentSpec::make(MixerKind::gated_deltanet, "default", {}, c));
   student->to(torch::kFloat);
   student->train();
   DistillOptions o;
@@ -204,7 +204,7 @@ TEST(CudaDecode, GraphedStepMatchesEagerStep) {
   EXPECT_FALSE(GraphedDecodeStep::usable(teacher, teacher_state)) << "the teacher's KV cache grows";
   for (const auto& kind : mixer_kinds()) {
     SCOPED_TRACE(kind);
-    auto student = build_student(teacher, StudentSpec::make(kind, "default", {}, c));
+    auto student = build_student(teacher, StudentSpec::make(parse_mixer_kind(kind), "default", {}, c));
     student->eval();
     ModelState eager = student->new_state();
     student->forward(prompt, &eager);

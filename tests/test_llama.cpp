@@ -232,7 +232,7 @@ TEST(Llama, RecomputeGivesTheSameGradients) {
   c.tie_word_embeddings = true;
   CausalLM teacher(c);
   init_weights_normal(*teacher, 0.2);
-  auto student = build_student(teacher, StudentSpec::make("gated_deltanet", "default", {}, c));
+  auto student = build_student(teacher, StudentSpec::make(MixerKind::gated_deltanet, "default", {}, c));
   auto ids = torch::randint(0, c.vocab_size, {2, 24}, torch::kLong);
   for (auto* model : {&teacher, &student}) {
     for (bool freeze_embedding : {false, true}) {

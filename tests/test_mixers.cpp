@@ -42,7 +42,7 @@ MixerConfig config_from_fla(const std::string& cls, const nlohmann::json& j, con
       {"GatedDeltaNet", "gated_deltanet"},     {"KimiDeltaAttention", "kda"}};
   auto it = kinds.find(cls);
   if (it == kinds.end()) throw Error("golden layer: unknown fla class '" + cls + "'");
-  MixerConfig c = MixerConfig::defaults_for(it->second);
+  MixerConfig c = MixerConfig::defaults_for(parse_mixer_kind(it->second));
   auto get_or = [&](const char* key, auto fallback) {
     return j.contains(key) && !j[key].is_null() ? j[key].get<decltype(fallback)>() : fallback;
   };
@@ -58,12 +58,12 @@ MixerConfig config_from_fla(const std::string& cls, const nlohmann::json& j, con
   c.allow_neg_eigval = get_or("allow_neg_eigval", c.allow_neg_eigval);
   c.use_beta = get_or("use_beta", c.use_beta);
   c.gate_logit_normalizer = get_or("gate_logit_normalizer", c.gate_logit_normalizer);
-  if (c.kind == "gla") c.gate_low_rank_dim = f.info("param.gk_proj.0.weight").shape[0];
-  if (c.kind == "linear_attention") {
+  if (c.kind == MixerKind::gla) c.gate_low_rank_dim = f.info("param.gk_proj.0.weight").shape[0];
+  if (c.kind == MixerKind::linear_attention) {
     c.feature_map = "elementwise_product";          // golden/README.md: built with this map
     c.use_output_norm = f.contains("param.norm.weight");  // and without the output norm
   }
-  if (c.kind == "kda") c.use_output_gate = true, c.kda_gate_mode = "multiply";
+  if (c.kind == MixerKind::kda) c.use_output_gate = true, c.kda_gate_mode = "multiply";
   c.rope_theta = 10000.0;  // fla's RetNet default, as the golden file was built
   auto require = [&](const char* key, const nlohmann::json& expected) {
     if (j.contains(key) && j[key] != expected)
@@ -100,7 +100,7 @@ TEST(MixerGolden, EveryFlaLayerFile) {
       for (const auto& name : f.names()) {
         if (name.rfind("param.", 0) != 0) continue;
         auto* p = params.find(name.substr(6));
-        ASSERT_NE(p, nullptr) << path << ": the " << cfg.kind << " mixer has no parameter " << name.substr(6);
+        ASSERT_NE(p, nullptr) << path << ": the " << to_string(cfg.kind) << " mixer has no parameter " << name.substr(6);
         auto src = f.get(name);
         ASSERT_EQ(p->sizes(), src.sizes()) << path << ": " << name;
         p->copy_(src);
@@ -111,7 +111,7 @@ TEST(MixerGolden, EveryFlaLayerFile) {
     torch::NoGradGuard no_grad;
     auto y = mixer->forward(f.get("in.x"), nullptr);
     const double e = rel_err(y, f.get("out.y"));
-    std::printf("[golden] %-18s max rel err %.2e\n", cfg.kind.c_str(), e);
+    std::printf("[golden] %-18s max rel err %.2e\n", to_string(cfg.kind).c_str(), e);
     EXPECT_LE(e, 2e-3) << path;
   }
 }
@@ -119,7 +119,7 @@ TEST(MixerGolden, EveryFlaLayerFile) {
 // ---- (b) decode, prefill + decode, snapshots ---------------------------------------------------------
 
 MixerConfig small_config(const std::string& kind) {
-  MixerConfig c = MixerConfig::defaults_for(kind);
+  MixerConfig c = MixerConfig::defaults_for(parse_mixer_kind(kind));
   c.hidden_size = 32;
   c.num_heads = 4;
   c.chunk_size = 16;
@@ -277,7 +277,7 @@ TEST(MixerInit, FromGqaTeacher) {
   const int64_t d = tc.head_dim, G = tc.num_attention_heads / tc.num_key_value_heads;
   for (const auto& kind : mixer_kinds()) {
     SCOPED_TRACE(kind);
-    auto cfg = mixer_preset(kind, "default", tc);
+    auto cfg = mixer_preset(parse_mixer_kind(kind), "default", tc);
     auto m = make_mixer(cfg);
     auto notes = init_mixer_from_teacher(*m, teacher, cfg);
     for (const auto& n : notes) EXPECT_EQ(n.rfind("left fresh", 0), std::string::npos) << kind << ": " << n;
@@ -317,7 +317,7 @@ TEST(MixerInit, PaperPresetRepeatsKvIntoFlaHeadCounts) {
   LlamaAttention teacher(tc);
   const std::map<std::string, int64_t> heads = {{"gla", 4}, {"retnet", 8}, {"deltanet", 4}};
   for (const auto& [kind, h] : heads) {
-    auto cfg = mixer_preset(kind, "paper", tc);
+    auto cfg = mixer_preset(parse_mixer_kind(kind), "paper", tc);
     EXPECT_EQ(cfg.num_heads, h) << kind;
     EXPECT_EQ(cfg.kv_heads(), h) << kind;
     auto m = make_mixer(cfg);
@@ -328,7 +328,7 @@ TEST(MixerInit, PaperPresetRepeatsKvIntoFlaHeadCounts) {
   }
   // The study's students (paper), its defects left out: KDA's gate multiplies, full rank with bias, dt_bias 0;
   // RetNet's rotary at fla's base; linear attention with short convs and no output norm.
-  const auto kda = mixer_preset("kda", "paper", tc);
+  const auto kda = mixer_preset(MixerKind::kda, "paper", tc);
   EXPECT_EQ(kda.kda_gate_mode, "multiply");
   EXPECT_FALSE(kda.kda_gate_low_rank);
   auto kda_params = make_mixer(kda)->named_parameters();
@@ -336,16 +336,16 @@ TEST(MixerInit, PaperPresetRepeatsKvIntoFlaHeadCounts) {
   EXPECT_EQ(kda_params["g_proj.weight"].sizes(), (std::vector<int64_t>{kda.value_dim(), kda.hidden_size}));
   EXPECT_NE(kda_params.find("g_proj.bias"), nullptr);
   EXPECT_EQ(kda_params["dt_bias"].abs().sum().item<double>(), 0.0);
-  EXPECT_EQ(mixer_preset("kda", "default", tc).kda_gate_mode, "multiply");
-  EXPECT_NE(make_mixer(mixer_preset("kda", "default", tc))->named_parameters().find("g_proj.0.weight"), nullptr);
-  EXPECT_EQ(mixer_preset("retnet", "default", tc).rope_theta, 1e5);
-  EXPECT_EQ(mixer_preset("retnet", "paper", tc).rope_theta, 1e4);
-  const auto la = mixer_preset("linear_attention", "paper", tc);
+  EXPECT_EQ(mixer_preset(MixerKind::kda, "default", tc).kda_gate_mode, "multiply");
+  EXPECT_NE(make_mixer(mixer_preset(MixerKind::kda, "default", tc))->named_parameters().find("g_proj.0.weight"), nullptr);
+  EXPECT_EQ(mixer_preset(MixerKind::retnet, "default", tc).rope_theta, 1e5);
+  EXPECT_EQ(mixer_preset(MixerKind::retnet, "paper", tc).rope_theta, 1e4);
+  const auto la = mixer_preset(MixerKind::linear_attention, "paper", tc);
   EXPECT_TRUE(la.use_short_conv);
   EXPECT_FALSE(la.use_output_norm);
-  EXPECT_FALSE(mixer_preset("linear_attention", "default", tc).use_short_conv);
-  EXPECT_EQ(mixer_preset("gla", "default", tc).kv_heads(), 2);
-  EXPECT_EQ(mixer_preset("deltanet", "default", tc).kv_heads(), 6);
+  EXPECT_FALSE(mixer_preset(MixerKind::linear_attention, "default", tc).use_short_conv);
+  EXPECT_EQ(mixer_preset(MixerKind::gla, "default", tc).kv_heads(), 2);
+  EXPECT_EQ(mixer_preset(MixerKind::deltanet, "default", tc).kv_heads(), 6);
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -452,7 +452,7 @@ TEST(MixerOptions, LowerBoundGate) {
 
 // --mixer-config: any field overridden, head sizes re-derived from a new head count, errors named.
 TEST(MixerOptions, Overrides) {
-  const auto base = mixer_preset("gated_deltanet", "default", gqa_teacher_config());  // 6 heads of 8
+  const auto base = mixer_preset(MixerKind::gated_deltanet, "default", gqa_teacher_config());  // 6 heads of 8
   auto c = base.with_overrides({{"num_heads", 4}, {"use_short_conv", false}});
   EXPECT_EQ(c.num_heads, 4);
   EXPECT_EQ(c.head_k_dim, 12);  // 48 / 4
@@ -480,9 +480,10 @@ TEST(MixerConfigErrors, UnknownKeyKindPreset) {
   EXPECT_NE(msg.find("'mamba'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("gated_deltanet"), std::string::npos) << msg;
 
-  msg = error_of([&] { mixer_preset("gla", "fast", gqa_teacher_config()); });
+  msg = error_of([&] { mixer_preset(MixerKind::gla, "fast", gqa_teacher_config()); });
   EXPECT_NE(msg.find("default, paper"), std::string::npos) << msg;
-  msg = error_of([&] { mixer_preset("s4", "default", gqa_teacher_config()); });
+  msg = error_of([&] { parse_mixer_kind("s4", "--mixer"); });
+  EXPECT_NE(msg.find("--mixer 's4'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("linear_attention, retnet, gla, deltanet, gated_deltanet, kda, mlstm"), std::string::npos) << msg;
 
   msg = error_of([&] { MixerConfig::from_json({{"kind", "deltanet"}, {"hidden_size", 32}, {"num_heads", 4}, {"num_kv_heads", 2}}); });
@@ -493,7 +494,7 @@ TEST(MixerConfigErrors, UnknownKeyKindPreset) {
 
 TEST(MixerConfigErrors, JsonRoundTrip) {
   for (const auto& kind : mixer_kinds()) {
-    auto c = mixer_preset(kind, "paper", gqa_teacher_config());
+    auto c = mixer_preset(parse_mixer_kind(kind), "paper", gqa_teacher_config());
     auto back = MixerConfig::from_json(c.to_json());
     EXPECT_EQ(back.to_json(), c.to_json()) << kind;
   }

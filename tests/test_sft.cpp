@@ -195,7 +195,7 @@ TEST(SftPacking, TeacherBlockDiagonalMatchesSeparateDocuments) {
 TEST(SftPacking, StudentsResetStateAtBoundaries) {
   auto teacher = tiny_teacher(263);
   for (const char* mixer : {"gated_deltanet", "deltanet", "gla", "retnet", "mlstm"}) {
-    auto spec = StudentSpec::make(mixer, "default", {}, teacher->config);
+    auto spec = StudentSpec::make(parse_mixer_kind(mixer), "default", {}, teacher->config);
     torch::manual_seed(2);
     auto student = build_student(teacher, spec);
     student->eval();
@@ -315,7 +315,7 @@ void expect_chat_matches_reencode(CausalLM model, const std::string& what) {
 TEST(Chat, SecondTurnEqualsFullReencode) {
   auto teacher = tiny_teacher(263, 5);
   expect_chat_matches_reencode(teacher, "teacher");
-  auto spec = StudentSpec::make("gated_deltanet", "default", {}, teacher->config);
+  auto spec = StudentSpec::make(MixerKind::gated_deltanet, "default", {}, teacher->config);
   auto student = build_student(teacher, spec);
   student->eval();
   expect_chat_matches_reencode(student, "gated_deltanet");
@@ -323,7 +323,7 @@ TEST(Chat, SecondTurnEqualsFullReencode) {
 
 TEST(Chat, ScriptedConversationThroughAPipe) {
   auto teacher = tiny_teacher(263, 7);
-  auto spec = StudentSpec::make("gla", "default", {}, teacher->config);
+  auto spec = StudentSpec::make(MixerKind::gla, "default", {}, teacher->config);
   auto student = build_student(teacher, spec);
   student->eval();
   const std::string dir = tmpdir("chat_student");

@@ -334,7 +334,7 @@ void bench_train(const Settings& s) {
     DistillOptions d;
     for (const auto& mixer : mixers) {
       torch::manual_seed(1);
-      auto student = build_student(teacher, StudentSpec::make(mixer, "default", {}, c));
+      auto student = build_student(teacher, StudentSpec::make(parse_mixer_kind(mixer), "default", {}, c));
       student->to(torch::kFloat);
       student->train();
       run(mixer + ", stage 3", student, [&] {
@@ -386,7 +386,7 @@ void bench_decode(const Settings& s) {
   };
   std::map<std::string, std::map<std::pair<int64_t, int64_t>, Cell>> table;  // model -> (batch, ctx)
   for (const auto& name : models) {
-    CausalLM model = name == "teacher" ? teacher : build_student(teacher, StudentSpec::make(name, "default", {}, c));
+    CausalLM model = name == "teacher" ? teacher : build_student(teacher, StudentSpec::make(parse_mixer_kind(name), "default", {}, c));
     model->eval();
     std::cerr << "[decode] " << name << "\n";
     for (int64_t B : batches)

@@ -117,7 +117,7 @@ int cmd_distill(const std::vector<std::string>& argv) {
 
   DistillOptions o;
   o.teacher = args.str("teacher");
-  o.mixer = args.str("mixer");
+  o.mixer = parse_mixer_kind(args.str("mixer"), "--mixer");
   o.data = args.str("data");
   o.out = args.str("out");
   apply_distill_preset(o, args.str("preset"));

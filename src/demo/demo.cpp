@@ -292,7 +292,7 @@ struct StudentRun {
     d.teacher = teacher;
     d.data = data;
     d.out = dir;
-    d.mixer = mixer;
+    d.mixer = parse_mixer_kind(mixer, "--mixers");
     d.seq_len = seq_len;
     d.tokens = tokens;
     d.splits = {0.1, 0.1, 0.8};
@@ -385,6 +385,7 @@ std::vector<DemoRow> run_demo(const DemoOptions& o) {
   const fs::path root(o.out);
   fs::create_directories(root / "data");
   std::vector<std::string> mixers = o.mixers.empty() ? mixer_kinds() : o.mixers;
+  for (const auto& m : mixers) parse_mixer_kind(m, "--mixers");  // a misspelt mixer fails before any training
 
   // 1. Text: a sample of the training mixture for the tokenizer, held-out documents for perplexity, and
   // the mixture itself (generated as training goes). The evaluation's noise haystack and key words are

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/causal_lm.h"
+#include "model/mixers/mixer_config.h"
 #include "train/trainer.h"
 
 namespace linearize {
@@ -57,7 +58,7 @@ struct DistillOptions {
   std::string teacher;  // teacher model folder
   std::string data;     // .u32 shard (or text)
   std::string out;      // student folder (also holds checkpoints and metrics.jsonl)
-  std::string mixer;
+  MixerKind mixer = MixerKind::gated_deltanet;
   std::string preset = "default";  // default | paper
   std::vector<std::string> defects;  // some of paper_defect_names(), on top of the preset
   nlohmann::json mixer_overrides = nlohmann::json::object();  // fields of the mixer config (--mixer-config)

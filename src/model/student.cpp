@@ -13,7 +13,7 @@ bool StudentSpec::replaces(int64_t layer) const {
 }
 
 nlohmann::json StudentSpec::to_json() const {
-  nlohmann::json j = {{"mixer", mixer}, {"preset", preset}, {"layers", layers}, {"mixer_config", mixer_config.to_json()}};
+  nlohmann::json j = {{"mixer", to_string(mixer_config.kind)}, {"preset", preset}, {"layers", layers}, {"mixer_config", mixer_config.to_json()}};
   if (!defects.empty()) j["defects"] = defects;
   return j;
 }
@@ -29,7 +29,7 @@ StudentSpec StudentSpec::from_json(const nlohmann::json& j, const std::string& s
     throw Error(source + ": the \"linearize\" section has no \"mixer\" name");
   if (!j.contains("mixer_config")) throw Error(source + ": the \"linearize\" section has no \"mixer_config\"");
   StudentSpec s;
-  s.mixer = j["mixer"].get<std::string>();
+  const std::string mixer = j["mixer"].get<std::string>();
   s.preset = j.value("preset", std::string("default"));
   if (j.contains("layers")) s.layers = j["layers"].get<std::vector<int64_t>>();
   if (j.contains("defects")) s.defects = j["defects"].get<std::vector<std::string>>();
@@ -38,15 +38,14 @@ StudentSpec StudentSpec::from_json(const nlohmann::json& j, const std::string& s
   } catch (const Error& e) {
     throw Error(source + ": " + e.what());
   }
-  if (s.mixer_config.kind != s.mixer)
-    throw Error(source + ": mixer \"" + s.mixer + "\" but mixer_config.kind \"" + s.mixer_config.kind + "\"");
+  if (to_string(s.mixer_config.kind) != mixer)
+    throw Error(source + ": mixer \"" + mixer + "\" but mixer_config.kind \"" + to_string(s.mixer_config.kind) + "\"");
   return s;
 }
 
-StudentSpec StudentSpec::make(const std::string& mixer, const std::string& preset, const std::vector<int64_t>& layers,
+StudentSpec StudentSpec::make(MixerKind mixer, const std::string& preset, const std::vector<int64_t>& layers,
                               const LlamaConfig& teacher) {
   StudentSpec s;
-  s.mixer = mixer;
   s.preset = preset;
   s.layers = layers;
   std::sort(s.layers.begin(), s.layers.end());

@@ -21,10 +21,9 @@
 namespace linearize {
 
 struct StudentSpec {
-  std::string mixer;              // one of mixer_kinds()
   std::string preset = "default";  // default | paper
   std::vector<int64_t> layers;     // replaced layers; empty = all
-  MixerConfig mixer_config;        // resolved settings of every replaced layer
+  MixerConfig mixer_config;        // resolved settings of every replaced layer (its kind: the mixer)
   bool study_gqa_unroll = false;   // K/V copied with the study's 32-row unroll (the gqa defect)
   std::vector<std::string> defects;  // the study's defects it was trained with, for the record
 
@@ -32,7 +31,7 @@ struct StudentSpec {
   nlohmann::json to_json() const;  // the config.json "linearize" section
   static StudentSpec from_json(const nlohmann::json& j, const std::string& source);
   // The preset's mixer config for this teacher, with the layer list checked against it.
-  static StudentSpec make(const std::string& mixer, const std::string& preset, const std::vector<int64_t>& layers,
+  static StudentSpec make(MixerKind mixer, const std::string& preset, const std::vector<int64_t>& layers,
                           const LlamaConfig& teacher);
 };
 

@@ -301,7 +301,7 @@ class Runner {
     d.teacher = teacher_dir(*c.teacher);
     d.data = data_;
     d.out = out;
-    d.mixer = c.mixer;
+    d.mixer = parse_mixer_kind(c.mixer);
     d.seq_len = spec_.seq_len;
     d.tokens = budget;
     for (int s = 0; s < 3; ++s) d.stage[s].lr = spec_.lr[s];

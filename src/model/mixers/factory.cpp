@@ -16,16 +16,16 @@
 namespace linearize {
 
 std::shared_ptr<TokenMixer> make_mixer(const MixerConfig& config) {
-  const auto& k = config.kind;
-  if (k == "linear_attention") return std::make_shared<LinearAttention>(config);
-  if (k == "retnet") return std::make_shared<RetNet>(config);
-  if (k == "gla") return std::make_shared<GLA>(config);
-  if (k == "deltanet") return std::make_shared<DeltaNet>(config);
-  if (k == "gated_deltanet") return std::make_shared<GatedDeltaNet>(config);
-  if (k == "kda") return std::make_shared<KDA>(config);
-  if (k == "mlstm") return std::make_shared<MLSTM>(config);
-  config.resolved();  // throws listing the valid kinds
-  throw Error("make_mixer: unknown mixer kind '" + k + "'");
+  switch (config.kind) {
+    case MixerKind::linear_attention: return std::make_shared<LinearAttention>(config);
+    case MixerKind::retnet: return std::make_shared<RetNet>(config);
+    case MixerKind::gla: return std::make_shared<GLA>(config);
+    case MixerKind::deltanet: return std::make_shared<DeltaNet>(config);
+    case MixerKind::gated_deltanet: return std::make_shared<GatedDeltaNet>(config);
+    case MixerKind::kda: return std::make_shared<KDA>(config);
+    case MixerKind::mlstm: return std::make_shared<MLSTM>(config);
+  }
+  throw Error("make_mixer: mixer kind " + std::to_string(static_cast<int>(config.kind)) + " out of range");
 }
 
 namespace {
@@ -54,7 +54,7 @@ std::vector<std::string> init_mixer_from_teacher(TokenMixer& mixer, const LlamaA
                                                  const MixerConfig& config, bool study_gqa_unroll) {
   std::vector<std::string> notes;
   auto params = mixer.named_parameters(/*recurse=*/true);
-  const bool xlstm = config.kind == "mlstm";
+  const bool xlstm = config.kind == MixerKind::mlstm;
   const std::string qn = xlstm ? "q" : "q_proj", kn = xlstm ? "k" : "k_proj", vn = xlstm ? "v" : "v_proj",
                     on = xlstm ? "out_proj" : "o_proj";
   const int64_t groups = teacher.num_heads / teacher.num_kv_heads;

@@ -20,37 +20,59 @@ bool contains(const std::vector<std::string>& names, const std::string& n) {
   return std::find(names.begin(), names.end(), n) != names.end();
 }
 
-void check_kind(const std::string& kind) {
-  if (!contains(mixer_kinds(), kind))
-    throw Error("unknown mixer kind '" + kind + "'; expected one of: " + join(mixer_kinds()));
-}
-
 const std::vector<std::string> kFeatureMaps = {"elementwise_product", "hedgehog", "t2r", "dpfp", "elu", "relu", "identity"};
 const std::vector<std::string> kKdaGateModes = {"multiply", "add_in_norm"};
 const std::vector<std::string> kDtBiasInits = {"mamba", "zeros"};
 
 }  // namespace
 
+std::string to_string(MixerKind kind) {
+  switch (kind) {
+    case MixerKind::linear_attention: return "linear_attention";
+    case MixerKind::retnet: return "retnet";
+    case MixerKind::gla: return "gla";
+    case MixerKind::deltanet: return "deltanet";
+    case MixerKind::gated_deltanet: return "gated_deltanet";
+    case MixerKind::kda: return "kda";
+    case MixerKind::mlstm: return "mlstm";
+  }
+  throw Error("mixer kind " + std::to_string(static_cast<int>(kind)) + " out of range");
+}
+
+const std::vector<MixerKind>& all_mixer_kinds() {
+  static const std::vector<MixerKind> kinds = {MixerKind::linear_attention, MixerKind::retnet,
+                                               MixerKind::gla,              MixerKind::deltanet,
+                                               MixerKind::gated_deltanet,   MixerKind::kda,
+                                               MixerKind::mlstm};
+  return kinds;
+}
+
 std::vector<std::string> mixer_kinds() {
-  return {"linear_attention", "retnet", "gla", "deltanet", "gated_deltanet", "kda", "mlstm"};
+  std::vector<std::string> names;
+  for (MixerKind k : all_mixer_kinds()) names.push_back(to_string(k));
+  return names;
+}
+
+MixerKind parse_mixer_kind(const std::string& name, const std::string& what) {
+  for (MixerKind k : all_mixer_kinds())
+    if (to_string(k) == name) return k;
+  throw Error("unknown " + what + " '" + name + "'; expected one of: " + join(mixer_kinds()));
 }
 
 std::vector<std::string> mixer_presets() { return {"default", "paper"}; }
 
-MixerConfig MixerConfig::defaults_for(const std::string& kind) {
-  check_kind(kind);
+MixerConfig MixerConfig::defaults_for(MixerKind kind) {
   MixerConfig c;
   c.kind = kind;
-  const bool delta = kind == "deltanet" || kind == "gated_deltanet" || kind == "kda";
-  c.use_short_conv = delta;
-  c.use_output_gate = kind != "linear_attention" && kind != "deltanet";
+  c.use_short_conv = is_delta_rule(kind);
+  c.use_output_gate = kind != MixerKind::linear_attention && kind != MixerKind::deltanet;
   return c;
 }
 
 MixerConfig& MixerConfig::resolve() {
-  check_kind(kind);
+  const std::string name = to_string(kind);
   auto need = [&](bool ok, const std::string& what) {
-    if (!ok) throw Error("mixer config (" + kind + "): " + what);
+    if (!ok) throw Error("mixer config (" + name + "): " + what);
   };
   need(hidden_size > 0, "hidden_size must be > 0, found " + std::to_string(hidden_size));
   need(num_heads > 0, "num_heads must be > 0, found " + std::to_string(num_heads));
@@ -61,13 +83,13 @@ MixerConfig& MixerConfig::resolve() {
   if (head_k_dim == 0) head_k_dim = hidden_size / num_heads;
   if (head_v_dim == 0) head_v_dim = hidden_size / num_heads;
   if (num_kv_heads == 0) num_kv_heads = num_heads;
-  const bool native_gqa = kind == "linear_attention" || kind == "retnet" || kind == "gla";
+  const bool native_gqa = shares_kv_heads(kind);
   need(num_heads % num_kv_heads == 0, "num_heads " + std::to_string(num_heads) +
                                           " is not a multiple of num_kv_heads " + std::to_string(num_kv_heads));
   need(native_gqa || num_kv_heads == num_heads,
        "num_kv_heads (" + std::to_string(num_kv_heads) + ") must equal num_heads (" + std::to_string(num_heads) +
            "): only linear_attention, retnet and gla share KV heads natively");
-  const bool gva = kind == "gated_deltanet" || kind == "kda";
+  const bool gva = has_value_heads(kind);
   if (num_v_heads == 0) num_v_heads = num_heads;
   need(num_v_heads > 0 && num_v_heads % num_heads == 0,
        "num_v_heads " + std::to_string(num_v_heads) + " must be a positive multiple of num_heads " +
@@ -76,12 +98,12 @@ MixerConfig& MixerConfig::resolve() {
                                             std::to_string(num_heads) + "): only gated_deltanet and kda have value heads");
   need(conv_size >= 1, "conv_size must be >= 1");
   need(chunk_size >= 1, "chunk_size must be >= 1");
-  need(!(use_short_conv && kind == "mlstm"), "use_short_conv is not available for " + kind);
-  need(!(use_output_gate && kind == "linear_attention"), "use_output_gate is not available for linear_attention");
-  need(use_output_norm || kind == "linear_attention", "use_output_norm=false is only available for linear_attention");
+  need(!(use_short_conv && kind == MixerKind::mlstm), "use_short_conv is not available for " + name);
+  need(!(use_output_gate && kind == MixerKind::linear_attention), "use_output_gate is not available for linear_attention");
+  need(use_output_norm || kind == MixerKind::linear_attention, "use_output_norm=false is only available for linear_attention");
   need(contains(kFeatureMaps, feature_map),
        "unknown feature_map '" + feature_map + "'; expected one of: " + join(kFeatureMaps));
-  need(kind == "linear_attention" || (!norm_q && !norm_k && !feature_map_norm),
+  need(kind == MixerKind::linear_attention || (!norm_q && !norm_k && !feature_map_norm),
        "norm_q, norm_k and feature_map_norm are only available for linear_attention");
   need(contains(kKdaGateModes, kda_gate_mode),
        "unknown kda_gate_mode '" + kda_gate_mode + "'; expected one of: " + join(kKdaGateModes));
@@ -89,15 +111,15 @@ MixerConfig& MixerConfig::resolve() {
        "unknown dt_bias_init '" + dt_bias_init + "'; expected one of: " + join(kDtBiasInits));
   need(std::isfinite(lower_bound) && lower_bound <= 0, "lower_bound must be 0 (off) or negative, found " +
                                                            std::to_string(lower_bound));
-  need(kind == "kda" || (lower_bound == 0 && !safe_gate), "lower_bound and safe_gate are only available for kda");
+  need(kind == MixerKind::kda || (lower_bound == 0 && !safe_gate), "lower_bound and safe_gate are only available for kda");
   need(!safe_gate || (lower_bound >= -5 && lower_bound < 0),
        "safe_gate needs -5 <= lower_bound < 0, found lower_bound " + std::to_string(lower_bound));
-  if (kind == "retnet") need(head_k_dim % 2 == 0, "retnet needs an even head_k_dim for the rotary embedding");
+  if (kind == MixerKind::retnet) need(head_k_dim % 2 == 0, "retnet needs an even head_k_dim for the rotary embedding");
   return *this;
 }
 
 nlohmann::json MixerConfig::to_json() const {
-  return {{"kind", kind},
+  return {{"kind", to_string(kind)},
           {"hidden_size", hidden_size},
           {"num_heads", num_heads},
           {"num_kv_heads", num_kv_heads},
@@ -137,7 +159,9 @@ nlohmann::json MixerConfig::to_json() const {
 MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
   if (!j.is_object()) throw Error("mixer config: expected a JSON object, found " + std::string(j.type_name()));
   if (!j.contains("kind")) throw Error("mixer config: missing key 'kind'; expected one of: " + join(mixer_kinds()));
-  MixerConfig c = defaults_for(j.at("kind").get<std::string>());
+  if (!j.at("kind").is_string())
+    throw Error("mixer config: 'kind' must be a string, found " + j.at("kind").dump());
+  MixerConfig c = defaults_for(parse_mixer_kind(j.at("kind").get<std::string>()));
   for (const auto& [key, value] : j.items()) {
     try {
       if (key == "kind") continue;
@@ -176,7 +200,7 @@ MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
       else if (key == "mlstm_eps") c.mlstm_eps = value.get<double>();
       else if (key == "init_std") c.init_std = value.get<double>();
       else
-        throw Error("mixer config: unknown key '" + key + "' (kind " + c.kind + ")");
+        throw Error("mixer config: unknown key '" + key + "' (kind " + to_string(c.kind) + ")");
     } catch (const nlohmann::json::exception& e) {
       throw Error("mixer config: key '" + key + "' has the wrong type (" + value.dump() + "): " + e.what());
     }
@@ -190,12 +214,12 @@ MixerConfig MixerConfig::with_overrides(const nlohmann::json& overrides) const {
   nlohmann::json j = to_json();
   for (const auto& [key, value] : overrides.items()) {
     if (key == "kind" && value != j["kind"])
-      throw Error("mixer config overrides: 'kind' is " + value.dump() + " but the mixer is '" + kind +
+      throw Error("mixer config overrides: 'kind' is " + value.dump() + " but the mixer is '" + to_string(kind) +
                   "' (choose the mixer with --mixer)");
     if (!j.contains(key)) {
       std::string known;
       for (const auto& [k, v] : j.items()) known += (known.empty() ? "" : ", ") + k;
-      throw Error("mixer config overrides: unknown key '" + key + "' (kind " + kind + "; known: " + known + ")");
+      throw Error("mixer config overrides: unknown key '" + key + "' (kind " + to_string(kind) + "; known: " + known + ")");
     }
     j[key] = value;
   }
@@ -204,7 +228,7 @@ MixerConfig MixerConfig::with_overrides(const nlohmann::json& overrides) const {
     for (const char* derived : {"num_v_heads", "head_k_dim", "head_v_dim"})
       if (!overrides.contains(derived)) j[derived] = 0;
     // KV heads: kept where the mixer shares them natively and they still divide the heads, else one per head.
-    const bool native_gqa = kind == "linear_attention" || kind == "retnet" || kind == "gla";
+    const bool native_gqa = shares_kv_heads(kind);
     const auto heads = j["num_heads"];
     if (!overrides.contains("num_kv_heads") &&
         (!native_gqa || !heads.is_number_integer() || heads.get<int64_t>() % std::max<int64_t>(1, num_kv_heads) != 0))
@@ -213,32 +237,30 @@ MixerConfig MixerConfig::with_overrides(const nlohmann::json& overrides) const {
   return from_json(j);
 }
 
-MixerConfig mixer_preset(const std::string& kind, const std::string& preset, const LlamaConfig& teacher) {
-  check_kind(kind);
+MixerConfig mixer_preset(MixerKind kind, const std::string& preset, const LlamaConfig& teacher) {
   if (!contains(mixer_presets(), preset))
     throw Error("unknown mixer preset '" + preset + "'; expected one of: " + join(mixer_presets()));
   MixerConfig c = MixerConfig::defaults_for(kind);
   c.hidden_size = teacher.hidden_size;
   c.num_heads = teacher.num_attention_heads;
   c.head_k_dim = c.head_v_dim = teacher.head_dim;
-  const bool native_gqa = kind == "linear_attention" || kind == "retnet" || kind == "gla";
-  c.num_kv_heads = native_gqa ? teacher.num_key_value_heads : teacher.num_attention_heads;
+  c.num_kv_heads = shares_kv_heads(kind) ? teacher.num_key_value_heads : teacher.num_attention_heads;
   c.rope_theta = teacher.rope_theta;
   if (preset == "paper") {
     // fla layer defaults: GatedLinearAttention num_heads=4, MultiScaleRetention 8, DeltaNet 4; their
     // num_kv_heads=None (no GQA); expand_k = expand_v = 1 so the teacher's projections keep their shape.
-    int64_t heads = kind == "gla" ? 4 : kind == "retnet" ? 8 : kind == "deltanet" ? 4 : 0;
+    int64_t heads = kind == MixerKind::gla ? 4 : kind == MixerKind::retnet ? 8 : kind == MixerKind::deltanet ? 4 : 0;
     if (heads > 0) {
       const int64_t width = teacher.num_attention_heads * teacher.head_dim;
       if (width % heads != 0)
         throw Error("preset paper: the teacher's attention width " + std::to_string(width) +
-                    " is not divisible by fla's default " + std::to_string(heads) + " heads for " + kind);
+                    " is not divisible by fla's default " + std::to_string(heads) + " heads for " + to_string(kind));
       c.num_heads = c.num_kv_heads = heads;
       c.head_k_dim = c.head_v_dim = width / heads;
     }
-    if (kind == "retnet") c.rope_theta = 10000.0;  // fla's RotaryEmbedding default, not the teacher's base
-    if (kind == "linear_attention") c.use_short_conv = true, c.use_output_norm = false;
-    if (kind == "kda") c.kda_gate_low_rank = false, c.dt_bias_init = "zeros";
+    if (kind == MixerKind::retnet) c.rope_theta = 10000.0;  // fla's RotaryEmbedding default, not the teacher's base
+    if (kind == MixerKind::linear_attention) c.use_short_conv = true, c.use_output_norm = false;
+    if (kind == MixerKind::kda) c.kda_gate_low_rank = false, c.dt_bias_init = "zeros";
   }
   return c.resolve();
 }

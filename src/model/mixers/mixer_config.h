@@ -33,8 +33,25 @@
 
 namespace linearize {
 
+// The seven mixers, in the order of the table in docs/design.md, "The seven mixers". Their names
+// (to_string) are what config files, the CLI and result files use.
+enum class MixerKind { linear_attention, retnet, gla, deltanet, gated_deltanet, kda, mlstm };
+
+std::string to_string(MixerKind kind);
+// A mixer's name to its kind; anything else is an Error naming `what` (e.g. "--mixer") and the names.
+MixerKind parse_mixer_kind(const std::string& name, const std::string& what = "mixer kind");
+const std::vector<MixerKind>& all_mixer_kinds();  // table order
+std::vector<std::string> mixer_kinds();           // their names, table order
+inline bool shares_kv_heads(MixerKind k) {        // native grouped-query K/V heads
+  return k == MixerKind::linear_attention || k == MixerKind::retnet || k == MixerKind::gla;
+}
+inline bool has_value_heads(MixerKind k) { return k == MixerKind::gated_deltanet || k == MixerKind::kda; }
+inline bool is_delta_rule(MixerKind k) {
+  return k == MixerKind::deltanet || k == MixerKind::gated_deltanet || k == MixerKind::kda;
+}
+
 struct MixerConfig {
-  std::string kind = "gated_deltanet";  // linear_attention | retnet | gla | deltanet | gated_deltanet | kda | mlstm
+  MixerKind kind = MixerKind::gated_deltanet;
   int64_t hidden_size = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;  // 0 = num_heads. Only linear_attention, retnet and gla share KV heads (GQA).
@@ -108,15 +125,13 @@ struct MixerConfig {
   // them. Unknown keys and wrong types are an Error naming the key.
   MixerConfig with_overrides(const nlohmann::json& overrides) const;
   // fla's per-layer defaults for fields that differ by kind (short conv, output gate).
-  static MixerConfig defaults_for(const std::string& kind);
+  static MixerConfig defaults_for(MixerKind kind);
 };
 
-// All mixer kinds, in the order of the table in docs/design.md, "The seven mixers".
-std::vector<std::string> mixer_kinds();
 std::vector<std::string> mixer_presets();
 
-// kind x preset x teacher -> config (see the header comment). Unknown kind or preset: Error listing the
-// valid names.
-MixerConfig mixer_preset(const std::string& kind, const std::string& preset, const LlamaConfig& teacher);
+// kind x preset x teacher -> config (see the header comment). Unknown preset: Error listing the valid
+// names.
+MixerConfig mixer_preset(MixerKind kind, const std::string& preset, const LlamaConfig& teacher);
 
 }  // namespace linearize
