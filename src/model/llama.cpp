@@ -153,14 +153,33 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state)
   auto q = q_proj(x).view({B, T, num_heads, head_dim}).transpose(1, 2);     // [B,H,T,D]
   auto k = k_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
   auto v = v_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
-  q = rotary_.apply(q, start);
-  k = rotary_.apply(k, start);
+  // Rows of different lengths decoded together (serve/batched_decode.h): each row's cache is left-padded
+  // to `start` entries and "row_start" [B] holds its first real one, so row b is at position start - row_start[b].
+  const torch::Tensor row_start = state ? state->get("row_start") : torch::Tensor();
+  torch::Tensor query_slot;  // [T]: the cache slots of this call's tokens
+  if (row_start.defined()) {
+    query_slot = torch::arange(start, start + T, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
+    const auto pos = query_slot.unsqueeze(0) - row_start.unsqueeze(1);  // [B,T]
+    q = rotary_.apply_at(q, pos);
+    k = rotary_.apply_at(k, pos);
+  } else {
+    q = rotary_.apply(q, start);
+    k = rotary_.apply(k, start);
+  }
   if (state) {
     k = append_to_cache(*state, "k", k, start);  // [B,Hkv,start+T,D]
     v = append_to_cache(*state, "v", v, start);
     state->position = start + T;
   }
-  auto o = compat::attention(q, k, v, /*causal=*/true, 1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B,H,T,D]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  torch::Tensor o;  // [B,H,T,D]
+  if (row_start.defined()) {
+    const auto key_slot = torch::arange(start + T, query_slot.options()).view({1, 1, -1});  // [1,1,S]
+    const auto mask = key_slot.ge(row_start.view({-1, 1, 1})).logical_and(key_slot.le(query_slot.view({1, -1, 1})));
+    o = compat::attention(q, k, v, mask.unsqueeze(1), scale);  // mask [B,1,T,S]
+  } else {
+    o = compat::attention(q, k, v, /*causal=*/true, scale);
+  }
   return o_proj(o.transpose(1, 2).reshape({B, T, num_heads * head_dim}));
 }
 

@@ -49,7 +49,9 @@ torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups);
 
 // Decoding state: the KV cache, tensors "k" and "v" [B, Hkv, capacity, head_dim], of which the first
 // `position` entries are valid; it grows in blocks of 256 entries and is written in place unless a snapshot
-// shares it.
+// shares it. Rows of different lengths in one batch: "row_start" [B] (int64) marks each row's first valid
+// entry (the rows left-padded to `position`); row b reads entries row_start[b] .. and rotates by its own
+// position.
 class LlamaAttention : public TokenMixer {
  public:
   explicit LlamaAttention(const LlamaConfig& c);

@@ -42,9 +42,15 @@ torch::Tensor RetNet::forward(const torch::Tensor& x, LayerState* state) {
     k = mixers::conv_step(k_conv1d, k, step, "conv_k");
     v = mixers::conv_step(v_conv1d, v, step, "conv_v");
   }
-  const int64_t start = step.position();
-  q = rotary_.apply(mixers::split_heads(q, H).transpose(1, 2), start).transpose(1, 2);    // [B,T,H,Dk]
-  k = rotary_.apply(mixers::split_heads(k, Hkv).transpose(1, 2), start).transpose(1, 2);  // [B,T,Hkv,Dk]
+  // Rows at different positions in one batch (serve/batched_decode.h) carry theirs in "row_position" [B].
+  const auto row_position = step.get("row_position");
+  auto rotate = [&](const torch::Tensor& t) {  // [B,T,n,Dk] -> rotated by each token's position
+    if (!row_position.defined()) return rotary_.apply(t.transpose(1, 2), step.position()).transpose(1, 2);
+    const auto pos = row_position.unsqueeze(1) + torch::arange(T, row_position.options()).unsqueeze(0);  // [B,T]
+    return rotary_.apply_at(t.transpose(1, 2), pos).transpose(1, 2);
+  };
+  q = rotate(mixers::split_heads(q, H));    // [B,T,H,Dk]
+  k = rotate(mixers::split_heads(k, Hkv));  // [B,T,Hkv,Dk]
   const int64_t spread = step.decode ? 1 : H / Hkv;  // a decode step reads the Hkv heads (grouped KV heads)
   k = mixers::repeat_heads(k, spread);                                                    // [B,T,H,Dk]
   v = mixers::repeat_heads(mixers::split_heads(v, Hkv), spread);                          // [B,T,H,Dv]
