@@ -14,6 +14,7 @@ PACKAGES=(
   zlib1g-dev libzstd-dev             # .gz and .zst corpora (linearize tokenize)
   libgtest-dev libgmock-dev libbenchmark-dev
   libgloo-dev                        # c10d's Gloo process group (data-parallel training on CPU)
+  libcpp-httplib-dev                 # linearize serve (HTTP)
 )
 
 if [ "${LINEARIZE_SKIP_APT:-0}" != 1 ]; then

@@ -18,6 +18,7 @@ const std::vector<Command>& commands() {
       {"distill", "linearize a teacher: three-stage distillation into a mixer", cmd_distill},
       {"sft", "supervised fine-tuning on conversations (ChatML, loss on assistant tokens)", cmd_sft},
       {"chat", "chat with a fine-tuned model in the terminal, streaming", cmd_chat},
+      {"serve", "serve a model over OpenAI's HTTP API, sequences batched as they come", cmd_serve},
       {"eval", "evaluate a model (eval ppl | tasks | niah | instruct | all)", cmd_eval},
       {"launch", "run pretrain/distill/sft data parallel, one process per device (c10d: NCCL or Gloo)", cmd_launch},
       {"study", "run a grid of teachers x mixers x budgets and report the study's tables", cmd_study},

@@ -22,14 +22,6 @@ std::unique_ptr<Tokenizer> model_tokenizer(const std::string& folder) {
   return load_model_tokenizer(folder, LlamaConfig::load(folder));
 }
 
-std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& tokenizer, bool prompt_empty) {
-  const bool want_bos = tokenizer.kind() == "sentencepiece" || prompt_empty;
-  if (!want_bos) return {};
-  if (config.bos_token_id) return {static_cast<int32_t>(*config.bos_token_id)};
-  if (!config.eos_token_ids.empty()) return {static_cast<int32_t>(config.eos_token_ids[0])};
-  throw Error("the prompt is empty and the model config has neither bos_token_id nor eos_token_id");
-}
-
 std::vector<OptionSpec> training_options(const TrainLoopOptions& d, int64_t seq_len, bool with_schedule) {
   std::vector<OptionSpec> out = {
       {"seq-len", "N", "tokens per training sequence", default_text(seq_len)},

@@ -24,10 +24,6 @@ OptionSpec device_option();
 // The model folder's tokenizer, or an error naming the folder.
 std::unique_ptr<Tokenizer> model_tokenizer(const std::string& folder);
 
-// Token ids a prompt starts with: BOS for SentencePiece (Llama-2 style) tokenizers or when the prompt
-// is empty, nothing otherwise (GPT-2/SmolLM2 byte-level BPE adds no BOS).
-std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& tokenizer, bool prompt_empty);
-
 // Options every training command shares (seq-len, batch, lr, schedule, checkpoints, resume, ...), their
 // defaults shown from the command's own: `defaults` (its loop options) and `seq_len`. --lr and --schedule
 // only when `with_schedule` (distill has one per stage instead).

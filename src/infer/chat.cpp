@@ -8,17 +8,19 @@
 
 namespace linearize {
 
-ChatSession::ChatSession(CausalLM model, const Tokenizer& tok, const std::string& folder, const ChatOptions& options)
-    : model_(std::move(model)), tok_(tok), options_(options) {
+ChatTokens chat_tokens(const Tokenizer& tok, const std::string& folder, const LlamaConfig& config) {
   auto s = find_added_token(tok, folder, kImStart), e = find_added_token(tok, folder, kImEnd);
   if (!s || !e)
     throw Error(folder + ": the tokenizer has no <|im_start|> / <|im_end|> tokens; fine-tune the model with "
                 "`linearize sft` first (it adds them)");
-  if (std::max(*s, *e) >= model_->config.vocab_size)
-    throw Error(folder + ": chat token ids exceed the model's vocab_size " + std::to_string(model_->config.vocab_size));
-  marks_.im_start = *s;
-  marks_.im_end = *e;
-  marks_.prefix = chat_prefix(model_->config, tok);
+  if (std::max(*s, *e) >= config.vocab_size)
+    throw Error(folder + ": chat token ids exceed the model's vocab_size " + std::to_string(config.vocab_size));
+  return {*s, *e, chat_prefix(config, tok)};
+}
+
+ChatSession::ChatSession(CausalLM model, const Tokenizer& tok, const std::string& folder, const ChatOptions& options)
+    : model_(std::move(model)), tok_(tok), options_(options) {
+  marks_ = chat_tokens(tok, folder, model_->config);
   state_ = model_->new_state();
   std::vector<int32_t> first = marks_.prefix;
   if (!options_.system.empty()) encode_message({"system", options_.system}, tok_, marks_, &first);

@@ -19,6 +19,10 @@
 
 namespace linearize {
 
+// The chat markers of a model folder's tokenizer and the ids every conversation starts with; an Error naming
+// the folder when it has none (`linearize sft` adds them).
+ChatTokens chat_tokens(const Tokenizer& tok, const std::string& model_folder, const LlamaConfig& config);
+
 struct ChatOptions {
   std::string system;           // system prompt ("" = none)
   int64_t max_new_tokens = 256;  // per reply

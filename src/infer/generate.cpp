@@ -7,6 +7,14 @@
 
 namespace linearize {
 
+std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& tokenizer, bool prompt_empty) {
+  const bool want_bos = tokenizer.kind() == "sentencepiece" || prompt_empty;
+  if (!want_bos) return {};
+  if (config.bos_token_id) return {static_cast<int32_t>(*config.bos_token_id)};
+  if (!config.eos_token_ids.empty()) return {static_cast<int32_t>(config.eos_token_ids[0])};
+  throw Error("the prompt is empty and the model config has neither bos_token_id nor eos_token_id");
+}
+
 std::vector<int32_t> generate(CausalLM& model, const std::vector<int32_t>& prompt, const GenerateOptions& options,
                               const std::function<void(int32_t)>& on_token, ModelState* state) {
   torch::NoGradGuard ng;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "infer/sampler.h"
+#include "io/tokenizer.h"
 #include "model/causal_lm.h"
 
 namespace linearize {
@@ -18,6 +19,10 @@ struct GenerateOptions {
   std::vector<int64_t> stop_ids;  // generation ends after emitting one of these
   bool cuda_graph = true;         // students on CUDA: decode through a captured graph (infer/graphed_step.h)
 };
+
+// Token ids a prompt starts with: BOS for SentencePiece (Llama-2 style) tokenizers or when the prompt
+// is empty, nothing otherwise (GPT-2/SmolLM2 byte-level BPE adds no BOS).
+std::vector<int32_t> prompt_prefix(const LlamaConfig& config, const Tokenizer& tokenizer, bool prompt_empty);
 
 // Returns the new tokens (the stop token included when one ended generation). on_token is called as
 // each token is chosen. With `state`, generation continues from it and leaves it after the last token
