@@ -19,6 +19,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cli/host_memory.h"
 #include "compat/device.h"
 #include "io/tokenizer.h"
 #include "io/tokenizer_bpe.h"
@@ -127,6 +128,7 @@ double percentile(std::vector<double> v, double p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cli::keep_freed_memory_for_reuse();  // as `linearize serve` does
   try {
     const Settings s = parse(argc, argv);
     const auto device = parse_device_name(s.device, "--device");
