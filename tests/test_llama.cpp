@@ -21,14 +21,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Every golden folder holding a Llama reference: config.json + model.safetensors + reference.safetensors.
+// Every golden folder holding a teacher's reference (config.json + model.safetensors + reference.safetensors):
+// under LINEARIZE_GOLDEN (Llama) and the project's own tests/golden (Qwen2, Qwen3, Mistral; made by
+// tests/golden/make_teacher_goldens.py).
 std::vector<std::string> golden_llama_folders() {
   std::vector<std::string> out;
-  const std::string root = test::golden_dir();
-  if (!fs::is_directory(root)) return out;
-  for (const auto& e : fs::directory_iterator(root))
-    if (fs::exists(e.path() / "reference.safetensors") && fs::exists(e.path() / "config.json"))
-      out.push_back(e.path().string());
+  for (const std::string root : {test::golden_dir(), test::source_dir() + "/tests/golden"}) {
+    if (!fs::is_directory(root)) continue;
+    for (const auto& e : fs::directory_iterator(root))
+      if (fs::exists(e.path() / "reference.safetensors") && fs::exists(e.path() / "config.json"))
+        out.push_back(e.path().string());
+  }
   std::sort(out.begin(), out.end());
   return out;
 }

@@ -61,14 +61,25 @@ LlamaConfig LlamaConfig::from_json_fields(const nlohmann::json& j, const std::st
   if (!j.is_object()) throw Error(source + ": config must be a JSON object");
   LlamaConfig c;
   c.raw = j;
+  // The family member: from "architectures" when it names one, else from "model_type".
   const std::string model_type = j.value("model_type", std::string());
-  bool is_llama = model_type == "llama";
+  std::optional<Architecture> arch;
+  std::string named;
+  const Architecture all[] = {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::mistral};
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const auto& a : j["architectures"])
-      if (a.is_string() && a.get<std::string>() == "LlamaForCausalLM") is_llama = true;
-  if (!is_llama)
-    throw Error(source + ": not a Llama model: expected model_type \"llama\" or architectures "
-                "[\"LlamaForCausalLM\"], found model_type \"" + model_type + "\"");
+      if (a.is_string()) {
+        named += (named.empty() ? "" : ", ") + a.get<std::string>();
+        for (auto x : all)
+          if (a.get<std::string>() == to_string(x)) arch = x;
+      }
+  if (!arch)
+    for (auto x : all)
+      if (model_type == model_type_of(x)) arch = x;
+  if (!arch)
+    throw Error(source + ": unsupported model: architectures [" + named + "], model_type \"" + model_type +
+                "\" (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
+  c.architecture = *arch;
 
   c.vocab_size = positive_int(j, "vocab_size", source);
   c.hidden_size = positive_int(j, "hidden_size", source);
@@ -112,8 +123,17 @@ LlamaConfig LlamaConfig::from_json_fields(const nlohmann::json& j, const std::st
   if (c.rope_theta <= 0) throw Error(source + ": rope_theta must be positive");
 
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.attention_bias = j.value("attention_bias", false);
+  const bool attention_bias = j.value("attention_bias", false);
+  c.qkv_bias = c.architecture == Architecture::qwen2 || attention_bias;
+  c.o_bias = c.architecture != Architecture::qwen2 && attention_bias;
+  c.qk_norm = c.architecture == Architecture::qwen3;
   c.mlp_bias = j.value("mlp_bias", false);
+  if ((c.architecture == Architecture::qwen2 || c.architecture == Architecture::qwen3) &&
+      j.value("use_sliding_window", false))
+    throw Error(source + ": use_sliding_window is not supported for " + to_string(c.architecture) +
+                " (its sliding layers are chosen per layer)");
+  if (c.architecture == Architecture::mistral && j.contains("sliding_window") && !j["sliding_window"].is_null())
+    c.sliding_window = positive_int(j, "sliding_window", source);
   const std::string act = j.value("hidden_act", std::string("silu"));
   if (act != "silu")
     throw Error(source + ": hidden_act \"" + act + "\" is not supported (expected \"silu\")");
@@ -129,6 +149,26 @@ LlamaConfig LlamaConfig::from_json_fields(const nlohmann::json& j, const std::st
   if (j.contains("torch_dtype") && j["torch_dtype"].is_string()) c.torch_dtype = j["torch_dtype"];
   else if (j.contains("dtype") && j["dtype"].is_string()) c.torch_dtype = j["dtype"];
   return c;
+}
+
+std::string to_string(Architecture a) {
+  switch (a) {
+    case Architecture::llama: return "LlamaForCausalLM";
+    case Architecture::qwen2: return "Qwen2ForCausalLM";
+    case Architecture::qwen3: return "Qwen3ForCausalLM";
+    case Architecture::mistral: return "MistralForCausalLM";
+  }
+  return "?";
+}
+
+std::string model_type_of(Architecture a) {
+  switch (a) {
+    case Architecture::llama: return "llama";
+    case Architecture::qwen2: return "qwen2";
+    case Architecture::qwen3: return "qwen3";
+    case Architecture::mistral: return "mistral";
+  }
+  return "?";
 }
 
 LlamaConfig LlamaConfig::load(const std::string& folder_or_file) {
@@ -155,8 +195,8 @@ LlamaConfig LlamaConfig::from_json(const nlohmann::json& j, const std::string& s
 
 nlohmann::json LlamaConfig::to_json() const {
   nlohmann::json j = raw;
-  if (!j.contains("architectures")) j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  if (!j.contains("architectures")) j["architectures"] = {to_string(architecture)};
+  j["model_type"] = model_type_of(architecture);
   j["vocab_size"] = vocab_size;
   j["hidden_size"] = hidden_size;
   j["intermediate_size"] = intermediate_size;
@@ -167,7 +207,12 @@ nlohmann::json LlamaConfig::to_json() const {
   j["max_position_embeddings"] = max_position_embeddings;
   j["rms_norm_eps"] = rms_norm_eps;
   j["tie_word_embeddings"] = tie_word_embeddings;
-  j["attention_bias"] = attention_bias;
+  if (architecture == Architecture::qwen2) j.erase("attention_bias");  // Qwen2's q/k/v biases are not optional
+  else j["attention_bias"] = qkv_bias;
+  if (architecture == Architecture::mistral) {
+    if (sliding_window > 0) j["sliding_window"] = sliding_window;
+    else j["sliding_window"] = nullptr;
+  }
   j["mlp_bias"] = mlp_bias;
   j["hidden_act"] = "silu";
   j.erase("rope_parameters");

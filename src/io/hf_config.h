@@ -1,7 +1,13 @@
-// Hugging Face config.json of a LlamaForCausalLM, in both layouts that transformers writes:
+// Hugging Face config.json of a Llama-family decoder, in both layouts that transformers writes:
 // `rope_theta` + `rope_scaling` at top level (transformers 4), or `rope_parameters` holding
 // `rope_theta` and `rope_type` (transformers 5). rope_theta is never defaulted: a wrong base degrades
-// a model silently, so a missing one is an error.
+// a model silently, so a missing one is an error. The family's variants of the attention layer:
+//   LlamaForCausalLM    attention_bias puts a bias on q, k, v and o
+//   Qwen2ForCausalLM    biases on q, k and v (not o)
+//   Qwen3ForCausalLM    RMSNorm over each query and key head before RoPE (q_norm, k_norm); attention_bias
+//                       on all four; an explicit head_dim
+//   MistralForCausalLM  sliding_window: a query sees only the last sliding_window positions
+// Any other architecture is refused by name.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -20,7 +26,12 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
+enum class Architecture { llama, qwen2, qwen3, mistral };
+std::string to_string(Architecture a);                   // "LlamaForCausalLM", ...
+std::string model_type_of(Architecture a);               // "llama", ...
+
 struct LlamaConfig {
+  Architecture architecture = Architecture::llama;
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -33,7 +44,10 @@ struct LlamaConfig {
   double rope_theta = 0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;
+  bool qkv_bias = false;       // biases on q_proj, k_proj, v_proj
+  bool o_bias = false;         // bias on o_proj
+  bool qk_norm = false;        // Qwen3: q_norm and k_norm over head_dim, before RoPE
+  int64_t sliding_window = 0;  // Mistral: a query sees itself and the sliding_window - 1 positions before (0: all)
   bool mlp_bias = false;
   std::optional<int64_t> bos_token_id;
   std::vector<int64_t> eos_token_ids;  // eos_token_id may be an int or a list

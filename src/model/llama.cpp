@@ -137,21 +137,33 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c)
     : num_heads(c.num_attention_heads),
       num_kv_heads(c.num_key_value_heads),
       head_dim(c.head_dim),
+      sliding_window(c.sliding_window),
       rotary_(c.head_dim, c.rope_theta, c.rope_scaling) {
-  auto lin = [&](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(c.attention_bias));
+  auto lin = [&](int64_t in, int64_t out, bool bias) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
   };
-  q_proj = register_module("q_proj", lin(c.hidden_size, num_heads * head_dim));
-  k_proj = register_module("k_proj", lin(c.hidden_size, num_kv_heads * head_dim));
-  v_proj = register_module("v_proj", lin(c.hidden_size, num_kv_heads * head_dim));
-  o_proj = register_module("o_proj", lin(num_heads * head_dim, c.hidden_size));
+  q_proj = register_module("q_proj", lin(c.hidden_size, num_heads * head_dim, c.qkv_bias));
+  k_proj = register_module("k_proj", lin(c.hidden_size, num_kv_heads * head_dim, c.qkv_bias));
+  v_proj = register_module("v_proj", lin(c.hidden_size, num_kv_heads * head_dim, c.qkv_bias));
+  o_proj = register_module("o_proj", lin(num_heads * head_dim, c.hidden_size, c.o_bias));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim, c.rms_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(head_dim, c.rms_norm_eps));
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaAttention::project_qk(const torch::Tensor& x) {
+  const auto B = x.size(0), T = x.size(1);
+  auto q = q_proj(x).view({B, T, num_heads, head_dim});
+  auto k = k_proj(x).view({B, T, num_kv_heads, head_dim});
+  if (q_norm) q = q_norm(q), k = k_norm(k);  // Qwen3: per head, before RoPE
+  return {q.transpose(1, 2), k.transpose(1, 2)};  // [B,H,T,D], [B,Hkv,T,D]
 }
 
 torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state) {
   const auto B = x.size(0), T = x.size(1);
   const int64_t start = state ? state->position : 0;
-  auto q = q_proj(x).view({B, T, num_heads, head_dim}).transpose(1, 2);     // [B,H,T,D]
-  auto k = k_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
+  auto [q, k] = project_qk(x);                                               // [B,H,T,D], [B,Hkv,T,D]
   auto v = v_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
   // Rows of different lengths decoded together (serve/batched_decode.h): each row's cache is left-padded
   // to `start` entries and "row_start" [B] holds its first real one, so row b is at position start - row_start[b].
@@ -173,10 +185,15 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state)
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   torch::Tensor o;  // [B,H,T,D]
-  if (row_start.defined()) {
+  const bool windowed = sliding_window > 0 && start + T > sliding_window;
+  if (row_start.defined() || windowed) {
+    if (!query_slot.defined())
+      query_slot = torch::arange(start, start + T, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
     const auto key_slot = torch::arange(start + T, query_slot.options()).view({1, 1, -1});  // [1,1,S]
-    const auto mask = key_slot.ge(row_start.view({-1, 1, 1})).logical_and(key_slot.le(query_slot.view({1, -1, 1})));
-    o = compat::attention(q, k, v, mask.unsqueeze(1), scale);  // mask [B,1,T,S]
+    auto mask = key_slot.le(query_slot.view({1, -1, 1}));                                   // causal [1,T,S]
+    if (row_start.defined()) mask = mask.logical_and(key_slot.ge(row_start.view({-1, 1, 1})));
+    if (windowed) mask = mask.logical_and(key_slot.gt(query_slot.view({1, -1, 1}) - sliding_window));
+    o = compat::attention(q, k, v, mask.unsqueeze(1), scale);  // mask [B or 1,1,T,S]
   } else {
     o = compat::attention(q, k, v, /*causal=*/true, scale);
   }
@@ -198,12 +215,12 @@ torch::Tensor LlamaAttention::forward_packed(const torch::Tensor& x, const Packe
   }
   auto doc_t = torch::tensor(doc, torch::kLong).view({B, T}).to(x.device());
   auto pos_t = torch::tensor(pos, torch::kLong).view({B, T}).to(x.device());
-  auto q = q_proj(x).view({B, T, num_heads, head_dim}).transpose(1, 2);     // [B,H,T,D]
-  auto k = k_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
+  auto [q, k] = project_qk(x);                                               // [B,H,T,D], [B,Hkv,T,D]
   auto v = v_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
   q = rotary_.apply_at(q, pos_t);
   k = rotary_.apply_at(k, pos_t);
   auto causal = torch::ones({T, T}, doc_t.options().dtype(torch::kBool)).tril();          // [T,T]
+  if (sliding_window > 0) causal = causal.triu(1 - sliding_window);                      // i - j < window
   auto mask = doc_t.unsqueeze(2).eq(doc_t.unsqueeze(1)).logical_and(causal).unsqueeze(1);  // [B,1,T,T]
   auto o = compat::attention(q, k, v, mask, 1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B,H,T,D]
   return o_proj(o.transpose(1, 2).reshape({B, T, num_heads * head_dim}));

@@ -62,9 +62,13 @@ class LlamaAttention : public TokenMixer {
   std::string kind() const override { return "softmax_attention"; }
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // Qwen3 only
   int64_t num_heads, num_kv_heads, head_dim;
+  int64_t sliding_window = 0;  // Mistral: keys further back than this are not seen (0: none)
 
  private:
+  // q [B,H,T,D] and k [B,Hkv,T,D] before RoPE (Qwen3's per-head norms applied).
+  std::pair<torch::Tensor, torch::Tensor> project_qk(const torch::Tensor& x);
   Rotary rotary_;
 };
 
