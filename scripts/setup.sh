@@ -10,6 +10,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache
   libtorch-dev libopenblas-dev       # libtorch 1.13 (CPU); OpenBLAS or matrix products run 30x slower
   nlohmann-json3-dev libpcre2-dev libsentencepiece-dev
+  libutf8proc-dev                    # Unicode NFC (tokenizers with an NFC normalizer, e.g. Qwen's)
   libbz2-dev                         # reading the HellaSwag .txt.bz2 evaluation file
   zlib1g-dev libzstd-dev             # .gz and .zst corpora (linearize tokenize)
   libgtest-dev libgmock-dev libbenchmark-dev

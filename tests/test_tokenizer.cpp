@@ -395,3 +395,47 @@ TEST(TokenizerLoad, PicksImplementationFromFolder) {
 
 }  // namespace
 }  // namespace linearize
+
+namespace linearize {
+
+// Qwen's form of tokenizer.json: an NFC normalizer and a Split pre-tokenizer with the file's own regex
+// (single digits, contractions case-insensitive) before a ByteLevel step without its GPT-2 regex.
+TEST(BpeTokenizer, NfcNormalizerAndTheFilesSplitRegex) {
+  using json = nlohmann::json;
+  const std::string dir = test::fresh_dir("tokenizer", "qwen_form");
+  std::vector<std::string> vocab = {"<|endoftext|>"};
+  for (int b = 0; b < 256; ++b) vocab.push_back(byte_level_encode(std::string(1, static_cast<char>(b))));
+  vocab.push_back("12");
+  const std::string smollm_form = dir + "/smollm.json";
+  write_tokenizer_json(smollm_form, vocab, {{"1", "2"}}, {{"<|endoftext|>", 0, true, false, false, false}}, false);
+  json j = json::parse(std::ifstream(smollm_form));
+  j["normalizer"] = {{"type", "NFC"}};
+  j["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "behavior": "Isolated", "invert": false, "pattern": {"Regex":
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]})");
+  const std::string qwen_form = dir + "/qwen.json";
+  std::ofstream(qwen_form) << j.dump();
+  auto qwen = BpeTokenizer::from_tokenizer_json(qwen_form);
+  auto smollm = BpeTokenizer::from_tokenizer_json(smollm_form);
+  const std::string decomposed = "caf" "e\xCC\x81", composed = "caf\xC3\xA9";  // e + U+0301 / U+00E9
+  EXPECT_EQ(qwen->encode(decomposed), qwen->encode(composed));
+  EXPECT_EQ(qwen->decode(qwen->encode(decomposed)), composed);
+  EXPECT_NE(smollm->encode(decomposed), smollm->encode(composed));  // no normalizer: the bytes as given
+  EXPECT_EQ(utf8::nfc(decomposed), composed);
+  // GPT-2's regex keeps "12" one piece (merged to one token); Qwen's splits digits one by one.
+  EXPECT_EQ(smollm->encode("12").size(), 1u);
+  EXPECT_EQ(qwen->encode("12").size(), 2u);
+  EXPECT_EQ(qwen->decode(qwen->encode("We'LL pay 12 now.\n\n  ok")), "We'LL pay 12 now.\n\n  ok");
+  // Other normalizers are refused by name.
+  j["normalizer"] = {{"type", "Lowercase"}};
+  std::ofstream(qwen_form) << j.dump();
+  try {
+    BpeTokenizer::from_tokenizer_json(qwen_form);
+    ADD_FAILURE() << "a Lowercase normalizer was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Lowercase"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace linearize

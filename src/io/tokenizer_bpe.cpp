@@ -414,9 +414,16 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   if (!j.is_object()) throw Error(path + ": expected a JSON object, found " + j.dump().substr(0, 80));
   if (!j.contains("model") || !j["model"].is_object())
     throw Error(path + ": expected a \"model\" object (tokenizer.json), found none");
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    throw Error(path + ": normalizer: expected null, found type \"" + type_of(j["normalizer"]) +
-                "\" (normalizers are not supported)");
+  // Normalizers: none, or NFC (alone or as the only member of a Sequence), as Qwen's tokenizers have.
+  bool nfc = false;
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+    const json& n = j["normalizer"];
+    const bool sequence_of_nfc = type_of(n) == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
+                                 n["normalizers"].size() == 1 && type_of(n["normalizers"][0]) == "NFC";
+    if (type_of(n) != "NFC" && !sequence_of_nfc)
+      throw Error(path + ": normalizer: expected null or NFC, found " + n.dump().substr(0, 120) + " (not supported)");
+    nfc = true;
+  }
   const json& model = j["model"];
   check_model_fields(model, path);
 
@@ -430,6 +437,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_tokenizer_json(const std::strin
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   t->source_ = path;
   t->ignore_merges_ = get_bool(model, "ignore_merges", false);
+  t->nfc_ = nfc;
   t->init_vocab(vocab, parse_added_tokens(j, path));
   t->init_merges(merges);
   t->init_added_trie();
@@ -641,7 +649,7 @@ std::vector<int32_t> BpeTokenizer::encode(const std::string& text, bool parse_sp
       out.push_back(added_[seg.second].id);
       continue;
     }
-    for (const std::string& piece : pre_tokenize(seg.first)) encode_piece(piece, out);
+    for (const std::string& piece : pre_tokenize(nfc_ ? utf8::nfc(seg.first) : seg.first)) encode_piece(piece, out);
   }
   return out;
 }

@@ -139,6 +139,7 @@ class BpeTokenizer : public Tokenizer {
   std::vector<TrieNode> trie_;
   std::vector<BpePreStep> pre_steps_;
   bool ignore_merges_ = false;  // a piece that is a whole vocab token is kept as one token
+  bool nfc_ = false;            // normalizer NFC: text between added tokens is composed first (Qwen)
 
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;

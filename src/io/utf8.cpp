@@ -2,6 +2,11 @@
 // WHATWG decoder all follow), so U+FFFD replacement matches Hugging Face tokenizers byte for byte.
 #include "io/utf8.h"
 
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <memory>
+
 namespace linearize::utf8 {
 namespace {
 
@@ -105,6 +110,17 @@ size_t codepoint_count(const std::string& s) {
   size_t n = 0;
   for (unsigned char c : s) n += (c & 0xC0) != 0x80;  // every byte but a continuation byte starts one
   return n;
+}
+
+std::string nfc(const std::string& s) {
+  if (s.empty()) return s;
+  const utf8proc_ssize_t n = static_cast<utf8proc_ssize_t>(s.size());
+  utf8proc_uint8_t* out = nullptr;
+  const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), n, &out,
+                                static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  std::unique_ptr<utf8proc_uint8_t, void (*)(void*)> owned(out, std::free);
+  if (len < 0) return s;  // not valid UTF-8: callers sanitize first, so this keeps the text as it is
+  return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(len));
 }
 
 }  // namespace linearize::utf8

@@ -2,7 +2,8 @@
 // String::from_utf8_lossy does (one U+FFFD per maximal invalid subpart), and finding where an
 // incomplete trailing character starts, for streaming decode.
 //
-// Deliberately not here: normalisation, case mapping, Unicode categories (PCRE2 does those).
+// Unicode NFC (tokenizers whose tokenizer.json has an NFC normalizer, e.g. Qwen's) comes from utf8proc;
+// case mapping and Unicode categories from PCRE2.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,10 @@ size_t complete_prefix_length(const std::string& s);
 
 // Number of characters (code points) of valid UTF-8 text, as Python's len(str) counts them.
 size_t codepoint_count(const std::string& s);
+
+// Valid UTF-8 text in Unicode normalization form C (canonical composition), as tokenizers' NFC
+// normalizer gives it.
+std::string nfc(const std::string& s);
 
 // Appends the UTF-8 encoding of codepoint cp.
 void append_codepoint(std::string& out, uint32_t cp);
