@@ -143,7 +143,8 @@ class Runner {
         if (spec_.eval.ppl_held_out > 0 && held_out_source(s)) {
           const fs::path original = s["path"].get<std::string>();
           const auto [head, tail] = split_tail(read_file(original.string()), spec_.eval.ppl_held_out);
-          const auto head_path = fs::path(out_) / "data" / "train" / original.filename();
+          // Absolute: mixture.json's relative paths would be read from its own folder.
+          const auto head_path = fs::absolute(fs::path(out_) / "data" / "train" / original.filename());
           if (!fs::exists(head_path)) {
             fs::create_directories(head_path.parent_path());
             write_file_atomic(head_path.string(), [&](std::ostream& o) { o << head; });
