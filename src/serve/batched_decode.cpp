@@ -54,40 +54,67 @@ LayerState merge_layer(const std::vector<DecodeRow>& rows, size_t l, bool attent
 }  // namespace
 
 torch::Tensor decode_rows(CausalLM& model, const std::vector<DecodeRow>& rows) {
+  DecodeBatch batch(model);
+  auto logits = batch.step(rows);
+  batch.flush();
+  return logits;
+}
+
+torch::Tensor DecodeBatch::step(const std::vector<DecodeRow>& rows) {
   torch::NoGradGuard no_grad;
-  const auto device = model->lm_head_weight().device();
+  const auto device = model_->lm_head_weight().device();
   const int64_t N = static_cast<int64_t>(rows.size());
   if (N == 0) return torch::Tensor();
   std::vector<int64_t> ids(N);
   for (int64_t i = 0; i < N; ++i) ids[i] = rows[i].token;
   const auto input = torch::tensor(ids, torch::kLong).view({N, 1}).to(device);
-  if (N == 1) return model->forward(input, rows[0].state).select(1, -1).to(torch::kFloat);
-
-  const size_t L = static_cast<size_t>(model->num_layers());
-  std::vector<bool> attention(L);
-  ModelState merged(L);
-  for (size_t l = 0; l < L; ++l) {
-    attention[l] = model->layer(static_cast<int64_t>(l))->mixer->kind() == "softmax_attention";
-    merged[l] = merge_layer(rows, l, attention[l]);
-  }
-  auto logits = model->forward(input, &merged).select(1, -1).to(torch::kFloat);  // [N,V]
-
-  // Each row's part: views into the batch's tensors (a row that later decodes alone copies its cache
-  // before writing, model/llama.cpp).
-  for (int64_t i = 0; i < N; ++i) {
+  bool same = static_cast<int64_t>(members_.size()) == N;
+  for (int64_t i = 0; same && i < N; ++i) same = members_[i] == rows[i].state;
+  if (!same) {
+    flush();
+    if (N == 1) return model_->forward(input, rows[0].state).select(1, -1).to(torch::kFloat);
+    const size_t L = static_cast<size_t>(model_->num_layers());
+    attention_.assign(L, false);
+    merged_.assign(L, LayerState());
     for (size_t l = 0; l < L; ++l) {
-      auto& mine = rows[i].state->at(l);
-      const int64_t before = mine.position;
-      if (attention[l]) {
-        const int64_t first = merged[l].position - 1 - before;  // the row's first real entry
-        for (const char* name : {"k", "v"}) mine.tensors[name] = merged[l].get(name).narrow(0, i, 1).narrow(2, first, before + 1);
-      } else {
-        for (auto& [name, t] : mine.tensors) t = merged[l].get(name).narrow(0, i, 1);
-      }
-      mine.position = before + 1;
+      attention_[l] = model_->layer(static_cast<int64_t>(l))->mixer->kind() == "softmax_attention";
+      merged_[l] = merge_layer(rows, l, attention_[l]);
+    }
+    for (const auto& r : rows) {
+      members_.push_back(r.state);
+      positions_.push_back(r.state->at(0).position);
+      for (auto& layer : *r.state) layer.tensors.clear();  // held by the batch until flush()
     }
   }
+  auto logits = model_->forward(input, &merged_).select(1, -1).to(torch::kFloat);  // [N,V]
+  for (auto& p : positions_) ++p;
+  // Rows at different positions: RetNet's per-row positions move on with them (the KV caches' row
+  // starts stay where they are).
+  for (auto& layer : merged_)
+    if (layer.has("row_position")) layer.tensors["row_position"] = layer.tensors["row_position"] + 1;
   return logits;
+}
+
+void DecodeBatch::flush() {
+  // Each row's part: views into the batch's tensors (a row that later decodes alone copies its cache
+  // before writing, model/llama.cpp).
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const auto row = static_cast<int64_t>(i);
+    for (size_t l = 0; l < merged_.size(); ++l) {
+      auto& mine = members_[i]->at(l);
+      const auto& all = merged_[l];
+      if (attention_[l]) {
+        const int64_t first = all.position - positions_[i];  // the row's first real entry
+        for (const char* name : {"k", "v"})
+          mine.tensors[name] = all.get(name).narrow(0, row, 1).narrow(2, first, positions_[i]);
+      } else {
+        for (const auto& [name, t] : all.tensors)
+          if (name != "row_position") mine.tensors[name] = t.narrow(0, row, 1);
+      }
+      mine.position = positions_[i];
+    }
+  }
+  forget();
 }
 
 }  // namespace linearize

@@ -23,4 +23,25 @@ struct DecodeRow {
 // Logits [rows, vocab] (float) of the next token of each row, in order.
 torch::Tensor decode_rows(CausalLM& model, const std::vector<DecodeRow>& rows);
 
+// The same across steps: while the same rows (the same states, in the same order) continue, their
+// stacked state stays stacked and nothing is copied between steps; the rows' own states are written
+// back (flush) when the batch changes, or when the caller needs them.
+class DecodeBatch {
+ public:
+  explicit DecodeBatch(CausalLM model) : model_(std::move(model)) {}
+  torch::Tensor step(const std::vector<DecodeRow>& rows);  // as decode_rows
+  // Writes the stacked state back into each row's own state; the next step stacks again. Call it before
+  // a row's state is read or freed.
+  void flush();
+  // Drops the stacked state without writing it back (the rows' states are gone).
+  void forget() { members_.clear(), merged_.clear(), positions_.clear(); }
+
+ private:
+  CausalLM model_;
+  std::vector<ModelState*> members_;  // the rows of merged_, in order
+  std::vector<int64_t> positions_;    // each row's position (tokens seen)
+  std::vector<bool> attention_;       // per layer: a KV cache (left-padded) or stackable tensors
+  ModelState merged_;
+};
+
 }  // namespace linearize

@@ -90,6 +90,7 @@ Engine::Engine(CausalLM model, std::shared_ptr<const Tokenizer> tokenizer, const
       }
     }
   }
+  batch_ = std::make_unique<DecodeBatch>(model_);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -251,7 +252,11 @@ void Engine::loop() {
       }
       if (!done) running_.push_back(std::move(s));
     }
-    // Clients that left give their slot back before the step.
+    // Clients that left give their slot back before the step (their states are written back first:
+    // the batch holds views of them).
+    bool leaving = false;
+    for (auto& s : running_) leaving = leaving || s->client->cancelled();
+    if (leaving) batch_->flush();
     for (auto& s : running_)
       if (s->client->cancelled()) {
         release(*s);
@@ -265,9 +270,10 @@ void Engine::loop() {
     for (auto& s : running_) rows.push_back({&s->state, s->next});
     torch::Tensor logits;
     try {
-      logits = decode_rows(model_, rows);
+      logits = batch_->step(rows);
     } catch (const std::exception& e) {
       std::cerr << "[serve] a decoding step failed: " << e.what() << "\n";
+      batch_->forget();
       for (auto& s : running_) {
         release(*s);
         s->client->post("", Finish::cancelled, s->generated);
@@ -275,9 +281,13 @@ void Engine::loop() {
       running_.clear();
       continue;
     }
-    for (size_t i = 0; i < running_.size(); ++i) {
-      if (emit(*running_[i], static_cast<int32_t>(running_[i]->sampler.next(logits[static_cast<int64_t>(i)]))))
-        running_[i].reset();
+    std::vector<bool> finished(running_.size());
+    for (size_t i = 0; i < running_.size(); ++i)
+      finished[i] = emit(*running_[i], static_cast<int32_t>(running_[i]->sampler.next(logits[static_cast<int64_t>(i)])));
+    if (std::find(finished.begin(), finished.end(), true) != finished.end()) {
+      batch_->flush();  // before any state it holds views of goes
+      for (size_t i = 0; i < running_.size(); ++i)
+        if (finished[i]) running_[i].reset();
     }
     running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
     std::lock_guard<std::mutex> lock(mu_);
@@ -285,6 +295,7 @@ void Engine::loop() {
     tokens_ += static_cast<int64_t>(rows.size());
   }
   // Shutdown: everything queued or in flight ends as cancelled.
+  batch_->forget();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& s : waiting_) s->client->post("", Finish::cancelled, 0);
   for (auto& s : running_) s->client->post("", Finish::cancelled, s->generated);

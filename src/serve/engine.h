@@ -17,6 +17,7 @@
 #include "infer/sampler.h"
 #include "io/tokenizer.h"
 #include "model/causal_lm.h"
+#include "serve/batched_decode.h"
 
 namespace linearize {
 
@@ -112,6 +113,7 @@ class Engine {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // touched by the loop thread only
+  std::unique_ptr<DecodeBatch> batch_;              // their states, stacked while they stay the same
   int64_t running_count_ = 0, reserved_ = 0, steps_ = 0, tokens_ = 0;
   bool stop_ = false;
   std::thread thread_;
