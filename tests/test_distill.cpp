@@ -194,7 +194,7 @@ TEST(Distill, BadInputRefusedBeforeTraining) {
   o = tiny_distill("gla", tmpdir("bad4"));
   o.teacher = tmpdir("notllama");
   std::ofstream(o.teacher + "/config.json") << R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})";
-  expect_error(o, "not a Llama model");
+  expect_error(o, "unsupported model");
 }
 
 TEST(Distill, KilledRunResumesExactly) {

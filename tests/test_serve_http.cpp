@@ -264,17 +264,19 @@ TEST(ServeHttp, FullQueueLeavingClientsAndShutdown) {
   Server server(model_dir("slow"), {"--max-sequences", "1", "--max-queue", "0"});
   ASSERT_GT(server.port(), 0);
   auto health = [&] { return json::parse(server.client().Get("/health")->body); };
-  // A long stream whose client leaves after a few events.
+  // A long stream whose client leaves (once the busy server has been tried) after a few more events.
   std::atomic<int> events{0};
+  std::atomic<bool> may_leave{false};
   std::thread leaving([&] {
     auto c = server.client();
     auto body = completion("the cat", 12000);
     body["stream"] = true;
-    post_streaming(c, body, [&](const char*, size_t) { return ++events < 5; });  // false: hang up
+    post_streaming(c, body, [&](const char*, size_t) { return !may_leave || ++events < 5; });  // false: hang up
   });
   for (int i = 0; i < 600 && health()["running"] == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (health()["running"] != 1) {
     ADD_FAILURE() << "the long request is not running: " << health().dump() << "\n" << server.log();
+    may_leave = true;
     leaving.join();
     return;
   }
@@ -283,6 +285,7 @@ TEST(ServeHttp, FullQueueLeavingClientsAndShutdown) {
   auto busy = post(c, "/v1/completions", completion("the cat", 5), &status);
   EXPECT_EQ(status, 429);
   EXPECT_EQ(busy["error"]["type"], "rate_limit_error");
+  may_leave = true;
   leaving.join();
   // The sequence is freed at once (12000 tokens would take far longer).
   const auto t0 = std::chrono::steady_clock::now();
