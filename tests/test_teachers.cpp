@@ -2,7 +2,8 @@
 // explicit head_dim) and Mistral (sliding-window attention). Their config.json fields; one attention
 // layer of each against a plain-torch reference written from the transformers definitions; decoding
 // through the KV cache against the full forward (across the window); packed rows; batched decoding of
-// rows at different positions; a save/load round trip; and the clear refusals.
+// rows at different positions; a save/load round trip; Qwen2 students carrying the biases; and the
+// clear refusals.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "model/causal_lm.h"
 #include "model/llama.h"
 #include "model/model_io.h"
+#include "model/mixers/factory.h"
 #include "model/student.h"
 #include "serve/batched_decode.h"
 #include "test_util.h"
@@ -200,6 +202,28 @@ TEST(Teachers, SavedFoldersLoadBackAndStudentsRefuseWhatTheyCannotCarry) {
     if (which == "mistral") {
       auto student = build_student(model, StudentSpec::make(MixerKind::gla, "default", {}, model->config));
       EXPECT_EQ(student->forward(ids).size(2), 97);
+    } else if (which == "qwen2") {
+      // Every mixer takes the q, k, v biases with the weights (k, v repeated over the KV groups where the
+      // mixer has no grouped heads), and a saved student loads back to the same logits.
+      const auto* teacher_attn = dynamic_cast<const LlamaAttention*>(model->layer(0)->mixer.get());
+      for (MixerKind kind : all_mixer_kinds()) {
+        SCOPED_TRACE(to_string(kind));
+        auto spec = StudentSpec::make(kind, "default", {}, model->config);
+        EXPECT_TRUE(spec.mixer_config.qkv_bias);
+        EXPECT_FALSE(spec.mixer_config.o_bias);
+        auto student = build_student(model, spec);
+        auto params = student->named_parameters(true);
+        const std::string q = kind == MixerKind::mlstm ? "q" : "q_proj", k = kind == MixerKind::mlstm ? "k" : "k_proj";
+        const auto* qb = params.find("model.layers.0.attn." + q + ".bias");
+        const auto* kb = params.find("model.layers.0.attn." + k + ".bias");
+        ASSERT_TRUE(qb && kb);
+        EXPECT_TRUE(torch::equal(*qb, teacher_attn->q_proj->bias));
+        const auto groups = kb->size(0) / teacher_attn->k_proj->bias.size(0);
+        EXPECT_TRUE(torch::equal(*kb, repeat_kv_rows(teacher_attn->k_proj->bias.unsqueeze(1), 2, groups).squeeze(1)));
+        const std::string sdir = test::fresh_dir("teachers", "qwen2_" + to_string(kind));
+        save_student(student, spec, sdir, "");
+        EXPECT_LT(test::rel_err(load_model(sdir)->forward(ids), student->forward(ids)), 1e-6);
+      }
     } else {
       try {
         build_student(model, StudentSpec::make(MixerKind::gla, "default", {}, model->config));

@@ -14,13 +14,15 @@ namespace linearize {
 
 DeltaNet::DeltaNet(const MixerConfig& c) : config(c.resolved()) {
   const auto& k = config;
-  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
-  q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim()));
-  k_proj = register_module("k_proj", lin(k.hidden_size, k.key_dim()));
-  v_proj = register_module("v_proj", lin(k.hidden_size, k.value_dim()));
+  auto lin = [](int64_t in, int64_t out, bool bias = false) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  };
+  q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim(), k.qkv_bias));
+  k_proj = register_module("k_proj", lin(k.hidden_size, k.key_dim(), k.qkv_bias));
+  v_proj = register_module("v_proj", lin(k.hidden_size, k.value_dim(), k.qkv_bias));
   if (k.use_beta) b_proj = register_module("b_proj", lin(k.hidden_size, k.num_heads));
   if (k.use_output_gate) g_proj = register_module("g_proj", lin(k.hidden_size, k.value_dim()));
-  o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size));
+  o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size, k.o_bias));
   if (k.use_short_conv) {
     q_conv1d = register_module("q_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
     k_conv1d = register_module("k_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));

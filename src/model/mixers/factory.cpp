@@ -2,6 +2,7 @@
 #include "model/mixers/factory.h"
 
 #include <sstream>
+#include <tuple>
 
 #include "io/error.h"
 #include "model/mixers/blocks.h"
@@ -87,8 +88,21 @@ std::vector<std::string> init_mixer_from_teacher(TokenMixer& mixer, const LlamaA
   copy(kn, teacher.k_proj->weight, true);
   copy(vn, teacher.v_proj->weight, true);
   copy(on, teacher.o_proj->weight, false);
-  if (teacher.q_proj->bias.defined() || teacher.o_proj->bias.defined())
-    notes.push_back("not copied: the teacher's attention biases (the mixers have none)");
+  // Biases (Qwen2's q, k, v): a bias is a weight of one column, repeated over KV heads as its rows are.
+  for (const auto& [name, src, kv] : {std::make_tuple(qn, teacher.q_proj->bias, false),
+                                      std::make_tuple(kn, teacher.k_proj->bias, true),
+                                      std::make_tuple(vn, teacher.v_proj->bias, true),
+                                      std::make_tuple(on, teacher.o_proj->bias, false)}) {
+    if (!src.defined()) continue;
+    auto* dst = params.find(name + ".bias");
+    if (!dst) throw Error("init_mixer_from_teacher: the teacher's " + name + " has a bias but the mixer's has none");
+    const auto column = src.unsqueeze(1);
+    if (dst->size(0) == src.size(0)) dst->copy_(src);
+    else if (kv && dst->size(0) == src.size(0) * groups)
+      dst->copy_((study_gqa_unroll ? study_repeat_kv_rows(column, groups) : repeat_kv_rows(column, teacher.num_kv_heads, groups)).squeeze(1));
+    else throw Error("init_mixer_from_teacher: " + name + ".bias " + shape_str(*dst) + " vs the teacher's " + shape_str(src));
+    notes.push_back("copied " + name + ".bias " + shape_str(*dst));
+  }
 
   for (const auto& item : mixer.named_modules("", /*include_self=*/false)) {
     if (auto* conv = item.value()->as<mixers::ShortConvImpl>()) {

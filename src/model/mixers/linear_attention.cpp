@@ -55,11 +55,13 @@ torch::Tensor FeatureMapImpl::forward(const torch::Tensor& x) {
 
 LinearAttention::LinearAttention(const MixerConfig& c) : config(c.resolved()) {
   const auto& k = config;
-  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
-  q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim()));
-  k_proj = register_module("k_proj", lin(k.hidden_size, k.kv_heads() * k.head_k_dim));
-  v_proj = register_module("v_proj", lin(k.hidden_size, k.kv_heads() * k.head_v_dim));
-  o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size));
+  auto lin = [](int64_t in, int64_t out, bool bias = false) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  };
+  q_proj = register_module("q_proj", lin(k.hidden_size, k.key_dim(), k.qkv_bias));
+  k_proj = register_module("k_proj", lin(k.hidden_size, k.kv_heads() * k.head_k_dim, k.qkv_bias));
+  v_proj = register_module("v_proj", lin(k.hidden_size, k.kv_heads() * k.head_v_dim, k.qkv_bias));
+  o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size, k.o_bias));
   mixers::linear_init(*this, k.init_std);
   feature_map_q = register_module("feature_map_q", FeatureMap(k.feature_map, k.head_k_dim));
   feature_map_k = register_module("feature_map_k", FeatureMap(k.feature_map, k.head_k_dim));

@@ -126,6 +126,8 @@ nlohmann::json MixerConfig::to_json() const {
           {"num_v_heads", num_v_heads},
           {"head_k_dim", head_k_dim},
           {"head_v_dim", head_v_dim},
+          {"qkv_bias", qkv_bias},
+          {"o_bias", o_bias},
           {"use_short_conv", use_short_conv},
           {"conv_size", conv_size},
           {"conv_bias", conv_bias},
@@ -171,6 +173,8 @@ MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
       else if (key == "num_v_heads") c.num_v_heads = value.is_null() ? 0 : value.get<int64_t>();
       else if (key == "head_k_dim") c.head_k_dim = value.get<int64_t>();
       else if (key == "head_v_dim") c.head_v_dim = value.get<int64_t>();
+      else if (key == "qkv_bias") c.qkv_bias = value.get<bool>();
+      else if (key == "o_bias") c.o_bias = value.get<bool>();
       else if (key == "use_short_conv") c.use_short_conv = value.get<bool>();
       else if (key == "conv_size") c.conv_size = value.get<int64_t>();
       else if (key == "conv_bias") c.conv_bias = value.get<bool>();
@@ -246,6 +250,8 @@ MixerConfig mixer_preset(MixerKind kind, const std::string& preset, const LlamaC
   c.head_k_dim = c.head_v_dim = teacher.head_dim;
   c.num_kv_heads = shares_kv_heads(kind) ? teacher.num_key_value_heads : teacher.num_attention_heads;
   c.rope_theta = teacher.rope_theta;
+  c.qkv_bias = teacher.qkv_bias;
+  c.o_bias = teacher.o_bias;
   if (preset == "paper") {
     // fla layer defaults: GatedLinearAttention num_heads=4, MultiScaleRetention 8, DeltaNet 4; their
     // num_kv_heads=None (no GQA); expand_k = expand_v = 1 so the teacher's projections keep their shape.

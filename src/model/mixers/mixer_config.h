@@ -61,6 +61,10 @@ struct MixerConfig {
   int64_t head_k_dim = 0;    // 0 = hidden_size / num_heads
   int64_t head_v_dim = 0;    // 0 = hidden_size / num_heads
 
+  // Biases on the q, k, v projections and on the output projection: off in fla's layers; on where the
+  // teacher's attention has them (Qwen2: q, k, v), so that its projections carry over whole.
+  bool qkv_bias = false, o_bias = false;
+
   // Short causal depthwise convolutions on the projected q, k, v (with silu). fla default: on for
   // deltanet, gated_deltanet, kda; off for linear_attention (the study's student has them), retnet,
   // gla; not available for mlstm.

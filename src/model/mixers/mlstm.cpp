@@ -33,14 +33,14 @@ MLSTM::MLSTM(const MixerConfig& c) : config(c.resolved()) {
   auto lin = [](int64_t in, int64_t out, bool bias) {
     return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
   };
-  q = register_module("q", lin(cf.hidden_size, cf.key_dim(), false));
-  k = register_module("k", lin(cf.hidden_size, cf.key_dim(), false));
-  v = register_module("v", lin(cf.hidden_size, cf.value_dim(), false));
+  q = register_module("q", lin(cf.hidden_size, cf.key_dim(), cf.qkv_bias));
+  k = register_module("k", lin(cf.hidden_size, cf.key_dim(), cf.qkv_bias));
+  v = register_module("v", lin(cf.hidden_size, cf.value_dim(), cf.qkv_bias));
   ogate_preact = register_module("ogate_preact", lin(cf.hidden_size, cf.value_dim(), false));
   igate_preact = register_module("igate_preact", lin(cf.hidden_size, cf.num_heads, true));
   fgate_preact = register_module("fgate_preact", lin(cf.hidden_size, cf.num_heads, true));
   multihead_norm = register_module("multihead_norm", MultiHeadLayerNorm(cf.num_heads, cf.head_v_dim, cf.mlstm_norm_eps));
-  out_proj = register_module("out_proj", lin(cf.value_dim(), cf.hidden_size, false));
+  out_proj = register_module("out_proj", lin(cf.value_dim(), cf.hidden_size, cf.o_bias));
   mixers::linear_init(*this, std::sqrt(2.0 / (5.0 * cf.hidden_size)));
   torch::NoGradGuard no_grad;
   igate_preact->weight.zero_();
