@@ -68,11 +68,6 @@ MixerFactory student_factory(const LlamaConfig& config, const StudentSpec& spec)
 CausalLM build_student(CausalLM& teacher, const StudentSpec& spec, std::vector<std::string>* notes,
                        std::optional<torch::ScalarType> dtype) {
   const auto& c = teacher->config;
-  // The mixers have no per-head q/k norms, so such a teacher's attention would not carry over as it is.
-  if (c.qk_norm)
-    throw Error("build_student: " + to_string(c.architecture) +
-                " teachers with q/k norms cannot be linearized yet (the mixers have none); Llama, Qwen2 and "
-                "Mistral teachers can");
   CausalLM student(c, student_factory(c, spec));
   auto teacher_params = teacher->named_parameters(true);
   torch::NoGradGuard ng;

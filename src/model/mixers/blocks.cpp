@@ -83,4 +83,14 @@ DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool 
           split_heads(v, value_heads)};                                // [B,T,HV,Dv]
 }
 
+torch::Tensor project(torch::nn::Linear& proj, RMSNorm& norm, const torch::Tensor& x) {
+  auto y = proj(x);
+  if (!norm) return y;
+  const int64_t d = norm->weight.size(0);
+  auto sizes = y.sizes().vec();
+  sizes.back() /= d;
+  sizes.push_back(d);
+  return norm(y.view(sizes)).view(y.sizes());
+}
+
 }  // namespace linearize::mixers

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "model/layer_state.h"
+#include "model/llama.h"
 
 namespace linearize::mixers {
 
@@ -76,5 +77,9 @@ struct DeltaQKV {
 DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
                         ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads,
                         int64_t value_heads);
+
+// proj(x), with an RMSNorm over each head of it when `norm` is set: a Qwen3 teacher's q_norm / k_norm,
+// carried into its students.
+torch::Tensor project(torch::nn::Linear& proj, RMSNorm& norm, const torch::Tensor& x);
 
 }  // namespace linearize::mixers

@@ -24,6 +24,7 @@ class DeltaNet : public TokenMixer {
   std::string kind() const override { return "deltanet"; }
 
   MixerConfig config;
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // a Qwen3 teacher's per-head q/k norms (qk_norm)
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, b_proj{nullptr}, g_proj{nullptr},
       o_proj{nullptr};
   mixers::ShortConv q_conv1d{nullptr}, k_conv1d{nullptr}, v_conv1d{nullptr};

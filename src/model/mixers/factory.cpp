@@ -103,6 +103,20 @@ std::vector<std::string> init_mixer_from_teacher(TokenMixer& mixer, const LlamaA
     else throw Error("init_mixer_from_teacher: " + name + ".bias " + shape_str(*dst) + " vs the teacher's " + shape_str(src));
     notes.push_back("copied " + name + ".bias " + shape_str(*dst));
   }
+  // Qwen3's per-head q/k norms: one weight per channel of a head, so they carry when the head size does.
+  for (const auto& [name, src] : {std::make_pair(std::string("q_norm"), teacher.q_norm),
+                                  std::make_pair(std::string("k_norm"), teacher.k_norm)}) {
+    if (!src) continue;
+    auto* dst = params.find(name + ".weight");
+    if (!dst) throw Error("init_mixer_from_teacher: the teacher has " + name + " but the mixer has none");
+    if (dst->sizes() == src->weight.sizes()) {
+      dst->copy_(src->weight);
+      notes.push_back("copied " + name + ".weight " + shape_str(*dst));
+    } else {
+      notes.push_back("left " + name + ".weight at ones: student heads of " + shape_str(*dst) + " vs the teacher's " +
+                      shape_str(src->weight));
+    }
+  }
 
   for (const auto& item : mixer.named_modules("", /*include_self=*/false)) {
     if (auto* conv = item.value()->as<mixers::ShortConvImpl>()) {

@@ -26,6 +26,7 @@ class GatedDeltaNet : public TokenMixer {
   std::string kind() const override { return "gated_deltanet"; }
 
   MixerConfig config;
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // a Qwen3 teacher's per-head q/k norms (qk_norm)
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, a_proj{nullptr}, b_proj{nullptr},
       g_proj{nullptr}, o_proj{nullptr};
   torch::Tensor A_log, dt_bias;  // [HV], [HV]

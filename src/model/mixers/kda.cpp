@@ -29,6 +29,10 @@ KDA::KDA(const MixerConfig& c) : config(c.resolved()) {
   if (k.use_output_gate && !k.kda_gate_low_rank)
     g_full = register_module("g_proj", torch::nn::Linear(torch::nn::LinearOptions(k.hidden_size, k.value_dim()).bias(true)));
   o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size, k.o_bias));
+  if (k.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(k.head_k_dim, k.qk_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(k.head_k_dim, k.qk_norm_eps));
+  }
   if (k.use_short_conv) {
     q_conv1d = register_module("q_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
     k_conv1d = register_module("k_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
@@ -44,7 +48,8 @@ KDA::KDA(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, HV = config.value_heads();
   const mixers::MixerStep step(state, T);
-  auto [q, k, v] = mixers::delta_rule_qkv(q_proj(x), k_proj(x), v_proj(x), config.use_short_conv, q_conv1d,
+  auto [q, k, v] = mixers::delta_rule_qkv(mixers::project(q_proj, q_norm, x), mixers::project(k_proj, k_norm, x),
+                                          v_proj(x), config.use_short_conv, q_conv1d,
                                           k_conv1d, v_conv1d, step, H, HV);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
   auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,HV]
   if (config.allow_neg_eigval) beta = beta * 2;

@@ -31,6 +31,7 @@ class KDA : public TokenMixer {
   std::string kind() const override { return "kda"; }
 
   MixerConfig config;
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // a Qwen3 teacher's per-head q/k norms (qk_norm)
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, b_proj{nullptr}, o_proj{nullptr};
   torch::nn::Sequential f_proj{nullptr}, g_proj{nullptr};  // g_proj: the low-rank output gate
   torch::nn::Linear g_full{nullptr};                        // the full-rank output gate (named g_proj)

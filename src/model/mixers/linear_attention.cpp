@@ -62,6 +62,10 @@ LinearAttention::LinearAttention(const MixerConfig& c) : config(c.resolved()) {
   k_proj = register_module("k_proj", lin(k.hidden_size, k.kv_heads() * k.head_k_dim, k.qkv_bias));
   v_proj = register_module("v_proj", lin(k.hidden_size, k.kv_heads() * k.head_v_dim, k.qkv_bias));
   o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size, k.o_bias));
+  if (k.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(k.head_k_dim, k.qk_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(k.head_k_dim, k.qk_norm_eps));
+  }
   mixers::linear_init(*this, k.init_std);
   feature_map_q = register_module("feature_map_q", FeatureMap(k.feature_map, k.head_k_dim));
   feature_map_k = register_module("feature_map_k", FeatureMap(k.feature_map, k.head_k_dim));
@@ -84,7 +88,8 @@ torch::Tensor LinearAttention::forward(const torch::Tensor& x, LayerState* state
   // One feature map serves every head, so it runs on the Hkv shared heads before they are spread; a decode step
   // reads them where they are (gla_recurrent's grouped KV heads).
   const int64_t spread = step.decode ? 1 : G;
-  auto qp = q_proj(x), kp = k_proj(x), vp = v_proj(x);  // [B,T,H*Dk], [B,T,Hkv*Dk], [B,T,Hkv*Dv]
+  // q [B,T,H*Dk], k [B,T,Hkv*Dk], v [B,T,Hkv*Dv]
+  auto qp = mixers::project(q_proj, q_norm, x), kp = mixers::project(k_proj, k_norm, x), vp = v_proj(x);
   if (config.use_short_conv) {
     qp = mixers::conv_step(q_conv1d, qp, step, "conv_q");
     kp = mixers::conv_step(k_conv1d, kp, step, "conv_k");

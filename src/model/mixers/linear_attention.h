@@ -42,6 +42,7 @@ class LinearAttention : public TokenMixer {
   std::string kind() const override { return "linear_attention"; }
 
   MixerConfig config;
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // a Qwen3 teacher's per-head q/k norms (qk_norm)
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
   FeatureMap feature_map_q{nullptr}, feature_map_k{nullptr};
   RMSNorm norm{nullptr};  // null without output norm

@@ -97,6 +97,7 @@ MixerConfig& MixerConfig::resolve() {
   need(gva || num_v_heads == num_heads, "num_v_heads (" + std::to_string(num_v_heads) + ") must equal num_heads (" +
                                             std::to_string(num_heads) + "): only gated_deltanet and kda have value heads");
   need(conv_size >= 1, "conv_size must be >= 1");
+  need(!qk_norm || qk_norm_eps > 0, "qk_norm_eps must be > 0");
   need(chunk_size >= 1, "chunk_size must be >= 1");
   need(!(use_short_conv && kind == MixerKind::mlstm), "use_short_conv is not available for " + name);
   need(!(use_output_gate && kind == MixerKind::linear_attention), "use_output_gate is not available for linear_attention");
@@ -128,6 +129,8 @@ nlohmann::json MixerConfig::to_json() const {
           {"head_v_dim", head_v_dim},
           {"qkv_bias", qkv_bias},
           {"o_bias", o_bias},
+          {"qk_norm", qk_norm},
+          {"qk_norm_eps", qk_norm_eps},
           {"use_short_conv", use_short_conv},
           {"conv_size", conv_size},
           {"conv_bias", conv_bias},
@@ -175,6 +178,8 @@ MixerConfig MixerConfig::from_json(const nlohmann::json& j) {
       else if (key == "head_v_dim") c.head_v_dim = value.get<int64_t>();
       else if (key == "qkv_bias") c.qkv_bias = value.get<bool>();
       else if (key == "o_bias") c.o_bias = value.get<bool>();
+      else if (key == "qk_norm") c.qk_norm = value.get<bool>();
+      else if (key == "qk_norm_eps") c.qk_norm_eps = value.get<double>();
       else if (key == "use_short_conv") c.use_short_conv = value.get<bool>();
       else if (key == "conv_size") c.conv_size = value.get<int64_t>();
       else if (key == "conv_bias") c.conv_bias = value.get<bool>();
@@ -252,6 +257,8 @@ MixerConfig mixer_preset(MixerKind kind, const std::string& preset, const LlamaC
   c.rope_theta = teacher.rope_theta;
   c.qkv_bias = teacher.qkv_bias;
   c.o_bias = teacher.o_bias;
+  c.qk_norm = teacher.qk_norm;
+  c.qk_norm_eps = teacher.rms_norm_eps;
   if (preset == "paper") {
     // fla layer defaults: GatedLinearAttention num_heads=4, MultiScaleRetention 8, DeltaNet 4; their
     // num_kv_heads=None (no GQA); expand_k = expand_v = 1 so the teacher's projections keep their shape.

@@ -64,6 +64,10 @@ struct MixerConfig {
   // Biases on the q, k, v projections and on the output projection: off in fla's layers; on where the
   // teacher's attention has them (Qwen2: q, k, v), so that its projections carry over whole.
   bool qkv_bias = false, o_bias = false;
+  // A Qwen3 teacher's RMSNorm over each head of the projected q and k (q_norm, k_norm; weights copied),
+  // applied before the mixer's own convolutions and feature maps; its eps is the teacher's rms_norm_eps.
+  bool qk_norm = false;
+  double qk_norm_eps = 1e-6;
 
   // Short causal depthwise convolutions on the projected q, k, v (with silu). fla default: on for
   // deltanet, gated_deltanet, kda; off for linear_attention (the study's student has them), retnet,

@@ -41,6 +41,10 @@ MLSTM::MLSTM(const MixerConfig& c) : config(c.resolved()) {
   fgate_preact = register_module("fgate_preact", lin(cf.hidden_size, cf.num_heads, true));
   multihead_norm = register_module("multihead_norm", MultiHeadLayerNorm(cf.num_heads, cf.head_v_dim, cf.mlstm_norm_eps));
   out_proj = register_module("out_proj", lin(cf.value_dim(), cf.hidden_size, cf.o_bias));
+  if (cf.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(cf.head_k_dim, cf.qk_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(cf.head_k_dim, cf.qk_norm_eps));
+  }
   mixers::linear_init(*this, std::sqrt(2.0 / (5.0 * cf.hidden_size)));
   torch::NoGradGuard no_grad;
   igate_preact->weight.zero_();
@@ -52,8 +56,8 @@ MLSTM::MLSTM(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor MLSTM::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t T = x.size(1), H = config.num_heads;
   const mixers::MixerStep step(state, T);
-  auto qh = mixers::split_heads(q(x), H);  // [B,T,H,Dk]
-  auto kh = mixers::split_heads(k(x), H);  // [B,T,H,Dk]
+  auto qh = mixers::split_heads(mixers::project(q, q_norm, x), H);  // [B,T,H,Dk]
+  auto kh = mixers::split_heads(mixers::project(k, k_norm, x), H);  // [B,T,H,Dk]
   auto vh = mixers::split_heads(v(x), H);  // [B,T,H,Dv]
   auto ig = soft_cap(igate_preact(x).to(torch::kFloat), config.mlstm_gate_soft_cap);  // [B,T,H]
   auto fg = soft_cap(fgate_preact(x).to(torch::kFloat), config.mlstm_gate_soft_cap);  // [B,T,H]

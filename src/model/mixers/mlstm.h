@@ -40,6 +40,7 @@ class MLSTM : public TokenMixer {
   std::string kind() const override { return "mlstm"; }
 
   MixerConfig config;
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // a Qwen3 teacher's per-head q/k norms (qk_norm)
   torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, ogate_preact{nullptr}, igate_preact{nullptr},
       fgate_preact{nullptr}, out_proj{nullptr};
   MultiHeadLayerNorm multihead_norm{nullptr};

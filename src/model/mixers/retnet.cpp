@@ -23,6 +23,10 @@ RetNet::RetNet(const MixerConfig& c) : config(c.resolved()), rotary_(config.head
   v_proj = register_module("v_proj", lin(k.hidden_size, k.kv_heads() * k.head_v_dim, k.qkv_bias));
   if (k.use_output_gate) g_proj = register_module("g_proj", lin(k.hidden_size, k.value_dim()));
   o_proj = register_module("o_proj", lin(k.value_dim(), k.hidden_size, k.o_bias));
+  if (k.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(k.head_k_dim, k.qk_norm_eps));
+    k_norm = register_module("k_norm", RMSNorm(k.head_k_dim, k.qk_norm_eps));
+  }
   if (k.use_short_conv) {
     q_conv1d = register_module("q_conv1d", mixers::ShortConv(k.key_dim(), k.conv_size, k.conv_bias, true));
     k_conv1d = register_module("k_conv1d", mixers::ShortConv(k.kv_heads() * k.head_k_dim, k.conv_size, k.conv_bias, true));
@@ -38,7 +42,8 @@ RetNet::RetNet(const MixerConfig& c) : config(c.resolved()), rotary_(config.head
 torch::Tensor RetNet::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, Hkv = config.kv_heads();
   const mixers::MixerStep step(state, T);
-  auto q = q_proj(x), k = k_proj(x), v = v_proj(x);  // [B,T,H*Dk], [B,T,Hkv*Dk], [B,T,Hkv*Dv]
+  // q [B,T,H*Dk], k [B,T,Hkv*Dk], v [B,T,Hkv*Dv]
+  auto q = mixers::project(q_proj, q_norm, x), k = mixers::project(k_proj, k_norm, x), v = v_proj(x);
   if (config.use_short_conv) {
     q = mixers::conv_step(q_conv1d, q, step, "conv_q");
     k = mixers::conv_step(k_conv1d, k, step, "conv_k");
