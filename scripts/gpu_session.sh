@@ -4,6 +4,7 @@
 # line, each logging to $OUT/<step>.log:
 #   tests        ctest -L cuda (the Cuda* suites) and the CPU/CUDA golden suites
 #   bench-ops | bench-train | bench-decode | bench-quick   build-gpu/linearize_gpu_bench
+#   bench-serve  build-gpu/linearize_serve_bench at the 135M shape (SERVE_ARGS replaces its load options)
 #   profile-ops  per-kernel times (ncu) of `ops --quick ${OPS_ARGS}`, summed by kernel (bench/gpu/kernel_times.py)
 #   profile-detail  ncu's throughput, occupancy and warp-state sections for the first four fused kernels
 #                of `ops --quick ${OPS_ARGS}` (one forward+backward), with the headline lines printed
@@ -126,6 +127,10 @@ for step in "$@"; do
     bench-ops) ops_bench "$OUT/bench-ops" ;;
     bench-train) train_bench "$OUT/bench-train" ;;
     bench-decode) decode_bench "$OUT/bench-decode" ;;
+    bench-serve)
+      timeout ${SERVE_LIMIT:-540} build-gpu/linearize_serve_bench --device cuda --shape 135m \
+        ${SERVE_ARGS:---clients 1,16,64,256 --prompt-tokens 1024 --max-tokens 128 --requests 1 --memory-gib 64} \
+        > "$OUT/bench-serve.md" 2> "$OUT/bench-serve.log"; cat "$OUT/bench-serve.md"; tail -3 "$OUT/bench-serve.log" ;;
     profile-ops) : > "$OUT/profile-ops.log"; ops_profile "$OUT/profile-ops" "$OUT/profile-ops.log" ;;
     profile-detail) ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
                       --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis \
