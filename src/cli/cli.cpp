@@ -23,6 +23,7 @@ const std::vector<Command>& commands() {
       {"launch", "run pretrain/distill/sft data parallel, one process per device (c10d: NCCL or Gloo)", cmd_launch},
       {"study", "run a grid of teachers x mixers x budgets and report the study's tables", cmd_study},
       {"report", "Markdown tables and SVG figures from eval results", cmd_report},
+      {"export", "write a student in another library's format (export --format fla)", cmd_export},
       {"demo", "run the built-in default job (see README)", cmd_demo},
   };
   return list;

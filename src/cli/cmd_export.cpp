@@ -1,0 +1,30 @@
+// linearize export: a student folder in another project's format (model/fla_export.h).
+#include <iostream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "io/error.h"
+#include "model/fla_export.h"
+
+namespace linearize::cli {
+
+int cmd_export(const std::vector<std::string>& argv) {
+  CommandSpec spec{"export",
+                   "Write a student as a Hugging Face folder another library loads. --format fla: flash-linear-\n"
+                   "attention's model classes (its config.json and parameter names), for Gated DeltaNet and GLA\n"
+                   "students; whatever fla cannot express is refused with the reason, never changed.",
+                   "STUDENT_DIR OUT",
+                   "After `import fla.models`, transformers' AutoModelForCausalLM.from_pretrained(OUT) loads it.",
+                   {{"format", "NAME", "the target: fla", "fla"}},
+                   2,
+                   2};
+  Args args(spec, argv);
+  if (args.help_requested()) return std::cout << help_text(spec), 0;
+  if (args.str("format") != "fla") throw Error("--format: unknown format \"" + args.str("format") + "\" (expected fla)");
+  const auto& pos = args.positional();
+  export_fla(pos[0], pos[1]);
+  std::cerr << "[export] wrote " << pos[1] << " (fla " << fla_config(pos[0])["model_type"].get<std::string>() << ")\n";
+  return 0;
+}
+
+}  // namespace linearize::cli

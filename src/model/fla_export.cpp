@@ -1,0 +1,147 @@
+// The fla export (see fla_export.h).
+#include "model/fla_export.h"
+
+#include <cmath>
+#include <filesystem>
+#include <regex>
+
+#include "io/atomic_file.h"
+#include "io/error.h"
+#include "io/hf_config.h"
+#include "io/safetensors.h"
+#include "model/model_io.h"
+#include "model/student.h"
+
+namespace linearize {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Student {
+  LlamaConfig config;
+  StudentSpec spec;
+};
+
+Student read_student(const std::string& dir) {
+  Student s{LlamaConfig::load(dir), {}};
+  if (!s.config.raw.contains("linearize"))
+    throw Error(dir + ": not a linearized student (config.json has no \"linearize\" section); fla has no Llama model");
+  s.spec = StudentSpec::from_json(s.config.raw["linearize"], dir + "/config.json");
+  return s;
+}
+
+// fla computes key_dim = int(hidden * expand): the ratio must give back the exact width.
+double ratio(int64_t width, int64_t base, const std::string& what) {
+  const double r = static_cast<double>(width) / static_cast<double>(base);
+  if (static_cast<int64_t>(static_cast<double>(base) * r) != width)
+    throw Error("fla export: " + what + " " + std::to_string(width) + " is not int(" + std::to_string(base) +
+                " * ratio) for any ratio fla reads back exactly");
+  return r;
+}
+
+}  // namespace
+
+json fla_config(const std::string& dir) {
+  const auto [c, spec] = read_student(dir);
+  const auto& m = spec.mixer_config;
+  const std::string kind = to_string(m.kind);
+  auto refuse = [&](const std::string& why) { throw Error(dir + ": cannot export to fla: " + why); };
+  if (m.kind == MixerKind::mlstm) refuse("fla has no mLSTM model");
+  if (m.kind != MixerKind::gated_deltanet && m.kind != MixerKind::gla)
+    refuse(kind + " is not yet supported by this exporter (gated_deltanet and gla are)");
+  if (!spec.layers.empty()) refuse("hybrid students (softmax attention kept in some layers) are not supported");
+  if (m.qkv_bias || m.o_bias) refuse("the mixer has attention biases (carried from the teacher); fla's layers have none");
+  if (m.qk_norm) refuse("the mixer has per-head q/k norms (carried from a Qwen3 teacher); fla's layers have none");
+  if (c.mlp_bias) refuse("the MLP has biases; fla's GatedMLP has none");
+  if (m.use_short_conv && m.conv_bias) refuse("the short convolutions have biases; fla's config cannot ask for them");
+  if (m.norm_eps != c.rms_norm_eps)
+    refuse("fla uses one norm_eps for the block norms and the mixer's output norm; the student has " +
+           std::to_string(c.rms_norm_eps) + " and " + std::to_string(m.norm_eps));
+  json j = {{"architectures", json::array()},
+            {"hidden_size", c.hidden_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_heads", m.num_heads},
+            {"use_short_conv", m.use_short_conv},
+            {"conv_size", m.conv_size},
+            {"hidden_act", "swish"},
+            {"hidden_ratio", 4},
+            {"intermediate_size", c.intermediate_size},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"norm_eps", c.rms_norm_eps},
+            {"attn", nullptr},
+            {"attn_mode", "chunk"},
+            {"vocab_size", c.vocab_size},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"bos_token_id", c.bos_token_id ? json(*c.bos_token_id) : json()},
+            {"eos_token_id", c.eos_token_ids.empty() ? json() : json(c.eos_token_ids.front())},
+            {"pad_token_id", c.pad_token_id ? json(*c.pad_token_id) : json()},
+            {"use_cache", true},
+            {"initializer_range", 0.02},
+            {"fuse_norm", true},
+            {"fuse_swiglu", true},
+            {"fuse_cross_entropy", true},
+            {"fuse_linear_cross_entropy", false},
+            {"use_l2warp", false},
+            {"torch_dtype", c.torch_dtype}};
+  if (m.kind == MixerKind::gated_deltanet) {
+    if (!m.use_beta) refuse("beta is off (use_beta false); fla's Gated DeltaNet always uses sigmoid(b_proj x)");
+    j["model_type"] = "gated_deltanet";
+    j["architectures"] = {"GatedDeltaNetForCausalLM"};
+    j["head_dim"] = m.head_k_dim;
+    j["expand_v"] = ratio(m.head_v_dim, m.head_k_dim, "head_v_dim");
+    j["num_v_heads"] = m.value_heads();
+    j["use_gate"] = m.use_output_gate;
+    j["allow_neg_eigval"] = m.allow_neg_eigval;
+  } else {  // gla
+    if (m.gate_low_rank_dim != 16 || m.gate_logit_normalizer != 16.0)
+      refuse("fla's GLA model fixes the gate's rank and normalizer at 16 and 16; the student has " +
+             std::to_string(m.gate_low_rank_dim) + " and " + std::to_string(m.gate_logit_normalizer));
+    j["model_type"] = "gla";
+    j["architectures"] = {"GLAForCausalLM"};
+    j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
+    j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
+    j["num_kv_heads"] = m.kv_heads();
+    j["use_output_gate"] = m.use_output_gate;
+    j["feature_map"] = nullptr;
+    j["clamp_min"] = nullptr;
+    j["elementwise_affine"] = true;
+  }
+  return j;
+}
+
+void export_fla(const std::string& dir, const std::string& out) {
+  const json config = fla_config(dir);
+  const auto [c, spec] = read_student(dir);
+  const bool gla_gate = spec.mixer_config.kind == MixerKind::gla && spec.mixer_config.use_output_gate;
+  WeightStore store(dir);
+  // Teacher names to fla's; the mixers' names are fla's already.
+  const std::vector<std::pair<std::regex, std::string>> renames = {
+      {std::regex(R"(^model\.embed_tokens\.weight$)"), "model.embeddings.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.input_layernorm\.weight$)"), "model.layers.$1.attn_norm.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.post_attention_layernorm\.weight$)"), "model.layers.$1.mlp_norm.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$)"), "model.layers.$1.mlp.$2_proj.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.attn\.g_norm\.weight$)"),
+       gla_gate ? "model.layers.$1.attn.g_norm_swish_gate.weight" : "model.layers.$1.attn.g_norm.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.attn\.(.+)$)"), "model.layers.$1.attn.$2"},
+      {std::regex(R"(^model\.norm\.weight$)"), "model.norm.weight"},
+      {std::regex(R"(^lm_head\.weight$)"), "lm_head.weight"}};
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& name : store.names()) {
+    std::string renamed;
+    for (const auto& [re, to] : renames)
+      if (std::regex_match(name, re)) {
+        renamed = std::regex_replace(name, re, to);
+        break;
+      }
+    if (renamed.empty()) throw Error(dir + ": cannot export to fla: no fla name for the tensor " + name);
+    tensors.emplace_back(renamed, store.get(name));
+  }
+  fs::create_directories(out);
+  save_safetensors((fs::path(out) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_file_atomic((fs::path(out) / "config.json").string(), [&](std::ostream& o) { o << config.dump(2) << "\n"; });
+  copy_tokenizer_files(dir, out);
+}
+
+}  // namespace linearize

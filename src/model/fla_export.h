@@ -1,0 +1,28 @@
+// `linearize export --format fla`: a student folder as a Hugging Face folder that
+// flash-linear-attention's own model classes load (AutoModelForCausalLM after `import fla.models`):
+// fla's config.json (its model_type and keys) and its parameter names. The mixers' parameters already
+// carry fla's layer names; the rest is renamed from the teacher's (embed_tokens -> embeddings,
+// input_layernorm -> attn_norm, post_attention_layernorm -> mlp_norm; GLA's gated output norm is fla's
+// g_norm_swish_gate). fla's layout facts were read from its source (fla 0.5.2).
+//
+// Exported now: Gated DeltaNet and GLA students with every layer replaced. Everything fla cannot express
+// is refused with the reason, never changed: mLSTM (fla has no such model), hybrids, biases or q/k norms
+// carried from a Qwen teacher, an MLP with biases, GLA gates other than rank 16 and normalizer 16, short
+// convolutions with a bias, DeltaNet's beta turned off, and one RMSNorm eps for the blocks and another
+// for the mixer (fla has one norm_eps). Linear attention, RetNet, DeltaNet and KDA are refused as not yet
+// supported by this exporter.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace linearize {
+
+// The config.json fla's model class reads for the student folder `student_dir`; throws Error saying why
+// when the student cannot be expressed.
+nlohmann::json fla_config(const std::string& student_dir);
+
+// Writes OUT: config.json, model.safetensors (fla's names, the student's dtype) and the tokenizer files.
+void export_fla(const std::string& student_dir, const std::string& out);
+
+}  // namespace linearize

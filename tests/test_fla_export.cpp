@@ -1,0 +1,142 @@
+// `linearize export --format fla`: the folder written for flash-linear-attention's model classes holds
+// exactly the parameter names and shapes fla's Gated DeltaNet and GLA models would create from the
+// written config.json (fla 0.5.2's formulas, restated here), and what fla cannot express is refused.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "io/error.h"
+#include "io/safetensors.h"
+#include "model/fla_export.h"
+#include "model/model_io.h"
+#include "model/student.h"
+#include "test_util.h"
+#include "train_fixtures.h"
+
+using namespace linearize;
+using nlohmann::json;
+using Shapes = std::map<std::string, std::vector<int64_t>>;
+
+namespace {
+
+LlamaConfig teacher_config(bool qwen2 = false) {
+  auto c = test::small_llama(97, 64, 2, 4, 2, 128);
+  c.eos_token_ids = {0};
+  c.rms_norm_eps = 1e-5;
+  if (qwen2) c.architecture = Architecture::qwen2, c.qkv_bias = true;
+  return c;
+}
+
+std::string student_folder(const std::string& name, MixerKind kind, std::vector<int64_t> layers = {}, bool qwen2 = false) {
+  torch::manual_seed(4);
+  CausalLM teacher(teacher_config(qwen2));
+  init_weights_normal(*teacher, 0.1);
+  auto spec = StudentSpec::make(kind, "default", layers, teacher->config);
+  auto student = build_student(teacher, spec);
+  const std::string dir = test::fresh_dir("fla_export", name);
+  save_student(student, spec, dir, "");
+  return dir;
+}
+
+// What fla's model builds from config.json (fla/models/<name>/modeling_*.py and fla/layers/*.py).
+Shapes fla_shapes(const json& j) {
+  const int64_t H = j["hidden_size"], L = j["num_hidden_layers"], I = j["intermediate_size"], V = j["vocab_size"];
+  const int64_t heads = j["num_heads"], K = j["conv_size"];
+  Shapes s = {{"model.embeddings.weight", {V, H}}, {"model.norm.weight", {H}}};
+  if (!j["tie_word_embeddings"].get<bool>()) s["lm_head.weight"] = {V, H};
+  for (int64_t i = 0; i < L; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    s[p + "attn_norm.weight"] = {H};
+    s[p + "mlp_norm.weight"] = {H};
+    s[p + "mlp.gate_proj.weight"] = {I, H};
+    s[p + "mlp.up_proj.weight"] = {I, H};
+    s[p + "mlp.down_proj.weight"] = {H, I};
+    const std::string a = p + "attn.";
+    if (j["model_type"] == "gated_deltanet") {
+      const int64_t dk = j["head_dim"], dv = static_cast<int64_t>(dk * j["expand_v"].get<double>());
+      const int64_t hv = j["num_v_heads"], key = heads * dk, value = hv * dv;
+      s[a + "q_proj.weight"] = {key, H};
+      s[a + "k_proj.weight"] = {key, H};
+      s[a + "v_proj.weight"] = {value, H};
+      s[a + "a_proj.weight"] = {hv, H};
+      s[a + "b_proj.weight"] = {hv, H};
+      s[a + "A_log"] = {hv};
+      s[a + "dt_bias"] = {hv};
+      if (j["use_short_conv"].get<bool>()) {
+        s[a + "q_conv1d.weight"] = {key, 1, K};
+        s[a + "k_conv1d.weight"] = {key, 1, K};
+        s[a + "v_conv1d.weight"] = {value, 1, K};
+      }
+      if (j["use_gate"].get<bool>()) s[a + "g_proj.weight"] = {value, H};
+      s[a + "o_norm.weight"] = {dv};
+      s[a + "o_proj.weight"] = {H, value};
+    } else {  // gla
+      const int64_t key = static_cast<int64_t>(H * j["expand_k"].get<double>());
+      const int64_t value = static_cast<int64_t>(H * j["expand_v"].get<double>());
+      const int64_t groups = heads / j["num_kv_heads"].get<int64_t>();
+      const int64_t key_g = key / groups, value_g = value / groups, dv = value / heads;
+      s[a + "q_proj.weight"] = {key, H};
+      s[a + "k_proj.weight"] = {key_g, H};
+      s[a + "v_proj.weight"] = {value_g, H};
+      if (j["use_short_conv"].get<bool>()) {
+        s[a + "q_conv1d.weight"] = {key, 1, K};
+        s[a + "k_conv1d.weight"] = {key_g, 1, K};
+        s[a + "v_conv1d.weight"] = {value_g, 1, K};
+      }
+      s[a + "gk_proj.0.weight"] = {16, H};
+      s[a + "gk_proj.1.weight"] = {key_g, 16};
+      s[a + "gk_proj.1.bias"] = {key_g};
+      const bool gate = j["use_output_gate"].get<bool>();
+      if (gate) s[a + "g_proj.weight"] = {value, H};
+      s[a + (gate ? "g_norm_swish_gate.weight" : "g_norm.weight")] = {dv};
+      s[a + "o_proj.weight"] = {H, value};
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST(FlaExport, NamesAndShapesAreWhatFlaBuildsFromTheConfig) {
+  for (MixerKind kind : {MixerKind::gated_deltanet, MixerKind::gla}) {
+    SCOPED_TRACE(to_string(kind));
+    const std::string dir = student_folder(to_string(kind), kind);
+    const std::string out = test::fresh_dir("fla_export", to_string(kind) + "_fla");
+    export_fla(dir, out);
+    const auto j = json::parse(std::ifstream(out + "/config.json"));
+    EXPECT_EQ(j["model_type"], kind == MixerKind::gla ? "gla" : "gated_deltanet");
+    EXPECT_EQ(j["hidden_act"], "swish");
+    EXPECT_EQ(j["norm_eps"], 1e-5);
+    Shapes got;
+    WeightStore store(out);
+    for (const auto& n : store.names()) got[n] = store.info(n).shape;
+    EXPECT_EQ(got, fla_shapes(j));
+    // The tensors themselves: the teacher's embedding under fla's name, the mixer's own as they were.
+    WeightStore ours(dir);
+    EXPECT_TRUE(torch::equal(store.get("model.embeddings.weight"), ours.get("model.embed_tokens.weight")));
+    EXPECT_TRUE(torch::equal(store.get("model.layers.1.attn.q_proj.weight"), ours.get("model.layers.1.attn.q_proj.weight")));
+    EXPECT_TRUE(torch::equal(store.get("model.layers.0.mlp_norm.weight"),
+                             ours.get("model.layers.0.post_attention_layernorm.weight")));
+  }
+}
+
+TEST(FlaExport, WhatFlaCannotExpressIsRefused) {
+  auto reason = [](const std::string& dir) {
+    try {
+      fla_config(dir);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(exported)");
+  };
+  EXPECT_NE(reason(student_folder("mlstm", MixerKind::mlstm)).find("fla has no mLSTM"), std::string::npos);
+  EXPECT_NE(reason(student_folder("hybrid", MixerKind::gla, {1})).find("hybrid"), std::string::npos);
+  EXPECT_NE(reason(student_folder("deltanet", MixerKind::deltanet)).find("not yet supported"), std::string::npos);
+  EXPECT_NE(reason(student_folder("biased", MixerKind::gated_deltanet, {}, true)).find("biases"), std::string::npos);
+  CausalLM teacher(teacher_config());
+  const std::string teacher_dir = test::fresh_dir("fla_export", "teacher");
+  save_model(teacher, teacher_dir);
+  EXPECT_NE(reason(teacher_dir).find("not a linearized student"), std::string::npos);
+}
