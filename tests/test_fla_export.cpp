@@ -1,5 +1,5 @@
 // `linearize export --format fla`: the folder written for flash-linear-attention's model classes holds
-// exactly the parameter names and shapes fla's Gated DeltaNet and GLA models would create from the
+// exactly the parameter names and shapes fla's Gated DeltaNet, GLA, DeltaNet and RetNet models create from the
 // written config.json (fla 0.5.2's formulas, restated here), and what fla cannot express is refused.
 #include <gtest/gtest.h>
 
@@ -21,17 +21,19 @@ using Shapes = std::map<std::string, std::vector<int64_t>>;
 
 namespace {
 
-LlamaConfig teacher_config(bool qwen2 = false) {
+LlamaConfig teacher_config(bool qwen2 = false, double rope_theta = 1e4) {
   auto c = test::small_llama(97, 64, 2, 4, 2, 128);
+  c.rope_theta = rope_theta;
   c.eos_token_ids = {0};
   c.rms_norm_eps = 1e-5;
   if (qwen2) c.architecture = Architecture::qwen2, c.qkv_bias = true;
   return c;
 }
 
-std::string student_folder(const std::string& name, MixerKind kind, std::vector<int64_t> layers = {}, bool qwen2 = false) {
+std::string student_folder(const std::string& name, MixerKind kind, std::vector<int64_t> layers = {}, bool qwen2 = false,
+                           double rope_theta = 1e4) {
   torch::manual_seed(4);
-  CausalLM teacher(teacher_config(qwen2));
+  CausalLM teacher(teacher_config(qwen2, rope_theta));
   init_weights_normal(*teacher, 0.1);
   auto spec = StudentSpec::make(kind, "default", layers, teacher->config);
   auto student = build_student(teacher, spec);
@@ -72,7 +74,23 @@ Shapes fla_shapes(const json& j) {
       if (j["use_gate"].get<bool>()) s[a + "g_proj.weight"] = {value, H};
       s[a + "o_norm.weight"] = {dv};
       s[a + "o_proj.weight"] = {H, value};
-    } else {  // gla
+    } else if (j["model_type"] == "delta_net") {
+      const int64_t key = static_cast<int64_t>(H * j["expand_k"].get<double>());
+      const int64_t value = static_cast<int64_t>(H * j["expand_v"].get<double>()), dv = value / heads;
+      s[a + "q_proj.weight"] = {key, H};
+      s[a + "k_proj.weight"] = {key, H};
+      s[a + "v_proj.weight"] = {value, H};
+      if (j["use_beta"].get<bool>()) s[a + "b_proj.weight"] = {heads, H};
+      if (j["use_short_conv"].get<bool>()) {
+        s[a + "q_conv1d.weight"] = {key, 1, K};
+        s[a + "k_conv1d.weight"] = {key, 1, K};
+        s[a + "v_conv1d.weight"] = {value, 1, K};
+      }
+      if (j["use_gate"].get<bool>()) s[a + "g_proj.weight"] = {value, H};
+      s[a + "o_norm.weight"] = {dv};
+      s[a + "o_proj.weight"] = {H, value};
+    } else {  // gla, retnet
+      const bool gla = j["model_type"] == "gla";
       const int64_t key = static_cast<int64_t>(H * j["expand_k"].get<double>());
       const int64_t value = static_cast<int64_t>(H * j["expand_v"].get<double>());
       const int64_t groups = heads / j["num_kv_heads"].get<int64_t>();
@@ -80,14 +98,16 @@ Shapes fla_shapes(const json& j) {
       s[a + "q_proj.weight"] = {key, H};
       s[a + "k_proj.weight"] = {key_g, H};
       s[a + "v_proj.weight"] = {value_g, H};
-      if (j["use_short_conv"].get<bool>()) {
+      if (gla && j["use_short_conv"].get<bool>()) {  // RetNet's model never builds them
         s[a + "q_conv1d.weight"] = {key, 1, K};
         s[a + "k_conv1d.weight"] = {key_g, 1, K};
         s[a + "v_conv1d.weight"] = {value_g, 1, K};
       }
-      s[a + "gk_proj.0.weight"] = {16, H};
-      s[a + "gk_proj.1.weight"] = {key_g, 16};
-      s[a + "gk_proj.1.bias"] = {key_g};
+      if (gla) {
+        s[a + "gk_proj.0.weight"] = {16, H};
+        s[a + "gk_proj.1.weight"] = {key_g, 16};
+        s[a + "gk_proj.1.bias"] = {key_g};
+      }
       const bool gate = j["use_output_gate"].get<bool>();
       if (gate) s[a + "g_proj.weight"] = {value, H};
       s[a + (gate ? "g_norm_swish_gate.weight" : "g_norm.weight")] = {dv};
@@ -100,13 +120,15 @@ Shapes fla_shapes(const json& j) {
 }  // namespace
 
 TEST(FlaExport, NamesAndShapesAreWhatFlaBuildsFromTheConfig) {
-  for (MixerKind kind : {MixerKind::gated_deltanet, MixerKind::gla}) {
+  for (MixerKind kind : {MixerKind::gated_deltanet, MixerKind::gla, MixerKind::deltanet, MixerKind::retnet}) {
     SCOPED_TRACE(to_string(kind));
     const std::string dir = student_folder(to_string(kind), kind);
     const std::string out = test::fresh_dir("fla_export", to_string(kind) + "_fla");
     export_fla(dir, out);
     const auto j = json::parse(std::ifstream(out + "/config.json"));
-    EXPECT_EQ(j["model_type"], kind == MixerKind::gla ? "gla" : "gated_deltanet");
+    const std::map<MixerKind, std::string> type = {{MixerKind::gated_deltanet, "gated_deltanet"}, {MixerKind::gla, "gla"},
+                                                   {MixerKind::deltanet, "delta_net"}, {MixerKind::retnet, "retnet"}};
+    EXPECT_EQ(j["model_type"], type.at(kind));
     EXPECT_EQ(j["hidden_act"], "swish");
     EXPECT_EQ(j["norm_eps"], 1e-5);
     Shapes got;
@@ -133,7 +155,8 @@ TEST(FlaExport, WhatFlaCannotExpressIsRefused) {
   };
   EXPECT_NE(reason(student_folder("mlstm", MixerKind::mlstm)).find("fla has no mLSTM"), std::string::npos);
   EXPECT_NE(reason(student_folder("hybrid", MixerKind::gla, {1})).find("hybrid"), std::string::npos);
-  EXPECT_NE(reason(student_folder("deltanet", MixerKind::deltanet)).find("not yet supported"), std::string::npos);
+  EXPECT_NE(reason(student_folder("kda", MixerKind::kda)).find("not yet supported"), std::string::npos);
+  EXPECT_NE(reason(student_folder("retnet_base", MixerKind::retnet, {}, false, 5e5)).find("base 10000"), std::string::npos);
   EXPECT_NE(reason(student_folder("biased", MixerKind::gated_deltanet, {}, true)).find("biases"), std::string::npos);
   CausalLM teacher(teacher_config());
   const std::string teacher_dir = test::fresh_dir("fla_export", "teacher");

@@ -49,8 +49,8 @@ json fla_config(const std::string& dir) {
   const std::string kind = to_string(m.kind);
   auto refuse = [&](const std::string& why) { throw Error(dir + ": cannot export to fla: " + why); };
   if (m.kind == MixerKind::mlstm) refuse("fla has no mLSTM model");
-  if (m.kind != MixerKind::gated_deltanet && m.kind != MixerKind::gla)
-    refuse(kind + " is not yet supported by this exporter (gated_deltanet and gla are)");
+  if (m.kind == MixerKind::linear_attention || m.kind == MixerKind::kda)
+    refuse(kind + " is not yet supported by this exporter (gated_deltanet, gla, deltanet and retnet are)");
   if (!spec.layers.empty()) refuse("hybrid students (softmax attention kept in some layers) are not supported");
   if (m.qkv_bias || m.o_bias) refuse("the mixer has attention biases (carried from the teacher); fla's layers have none");
   if (m.qk_norm) refuse("the mixer has per-head q/k norms (carried from a Qwen3 teacher); fla's layers have none");
@@ -94,6 +94,31 @@ json fla_config(const std::string& dir) {
     j["num_v_heads"] = m.value_heads();
     j["use_gate"] = m.use_output_gate;
     j["allow_neg_eigval"] = m.allow_neg_eigval;
+  } else if (m.kind == MixerKind::deltanet) {
+    j["model_type"] = "delta_net";
+    j["architectures"] = {"DeltaNetForCausalLM"};
+    j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
+    j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
+    j["use_gate"] = m.use_output_gate;
+    j["use_beta"] = m.use_beta;
+    j["allow_neg_eigval"] = m.allow_neg_eigval;
+    j["qk_norm"] = "l2";          // q and k L2-normalised, as ours
+    j["qk_activation"] = "silu";  // after the short convolution, as ours
+    j["use_output_norm"] = true;
+  } else if (m.kind == MixerKind::retnet) {
+    if (m.use_short_conv) refuse("the student's RetNet has short convolutions; fla's RetNet model cannot have them");
+    if (m.rope_theta != 10000.0)
+      refuse("fla's RetNet rotates with base 10000; this student's base is " + std::to_string(m.rope_theta) +
+             " (the teacher's; the paper preset uses 10000)");
+    if (m.head_k_dim > 256) refuse("fla's RetNet allows head_k_dim up to 256");
+    j["model_type"] = "retnet";
+    j["architectures"] = {"RetNetForCausalLM"};
+    j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
+    j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
+    j["num_kv_heads"] = m.kv_heads();
+    j["use_output_gate"] = m.use_output_gate;
+    j["feature_map"] = nullptr;
+    j["elementwise_affine"] = true;
   } else {  // gla
     if (m.gate_low_rank_dim != 16 || m.gate_logit_normalizer != 16.0)
       refuse("fla's GLA model fixes the gate's rank and normalizer at 16 and 16; the student has " +
@@ -114,7 +139,9 @@ json fla_config(const std::string& dir) {
 void export_fla(const std::string& dir, const std::string& out) {
   const json config = fla_config(dir);
   const auto [c, spec] = read_student(dir);
-  const bool gla_gate = spec.mixer_config.kind == MixerKind::gla && spec.mixer_config.use_output_gate;
+  // GLA's and RetNet's gated output norm is fla's g_norm_swish_gate (fuse_norm, swish, a gate).
+  const auto kind = spec.mixer_config.kind;
+  const bool gated_norm = (kind == MixerKind::gla || kind == MixerKind::retnet) && spec.mixer_config.use_output_gate;
   WeightStore store(dir);
   // Teacher names to fla's; the mixers' names are fla's already.
   const std::vector<std::pair<std::regex, std::string>> renames = {
@@ -123,7 +150,7 @@ void export_fla(const std::string& dir, const std::string& out) {
       {std::regex(R"(^model\.layers\.(\d+)\.post_attention_layernorm\.weight$)"), "model.layers.$1.mlp_norm.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$)"), "model.layers.$1.mlp.$2_proj.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.attn\.g_norm\.weight$)"),
-       gla_gate ? "model.layers.$1.attn.g_norm_swish_gate.weight" : "model.layers.$1.attn.g_norm.weight"},
+       gated_norm ? "model.layers.$1.attn.g_norm_swish_gate.weight" : "model.layers.$1.attn.g_norm.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.attn\.(.+)$)"), "model.layers.$1.attn.$2"},
       {std::regex(R"(^model\.norm\.weight$)"), "model.norm.weight"},
       {std::regex(R"(^lm_head\.weight$)"), "lm_head.weight"}};
