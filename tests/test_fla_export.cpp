@@ -1,5 +1,5 @@
 // `linearize export --format fla`: the folder written for flash-linear-attention's model classes holds
-// exactly the parameter names and shapes fla's Gated DeltaNet, GLA, DeltaNet and RetNet models create from the
+// exactly the parameter names and shapes fla's models of the six mixers it has create from the
 // written config.json (fla 0.5.2's formulas, restated here), and what fla cannot express is refused.
 #include <gtest/gtest.h>
 
@@ -31,11 +31,11 @@ LlamaConfig teacher_config(bool qwen2 = false, double rope_theta = 1e4) {
 }
 
 std::string student_folder(const std::string& name, MixerKind kind, std::vector<int64_t> layers = {}, bool qwen2 = false,
-                           double rope_theta = 1e4) {
+                           double rope_theta = 1e4, const std::string& preset = "default") {
   torch::manual_seed(4);
   CausalLM teacher(teacher_config(qwen2, rope_theta));
   init_weights_normal(*teacher, 0.1);
-  auto spec = StudentSpec::make(kind, "default", layers, teacher->config);
+  auto spec = StudentSpec::make(kind, preset, layers, teacher->config);
   auto student = build_student(teacher, spec);
   const std::string dir = test::fresh_dir("fla_export", name);
   save_student(student, spec, dir, "");
@@ -45,7 +45,7 @@ std::string student_folder(const std::string& name, MixerKind kind, std::vector<
 // What fla's model builds from config.json (fla/models/<name>/modeling_*.py and fla/layers/*.py).
 Shapes fla_shapes(const json& j) {
   const int64_t H = j["hidden_size"], L = j["num_hidden_layers"], I = j["intermediate_size"], V = j["vocab_size"];
-  const int64_t heads = j["num_heads"], K = j["conv_size"];
+  const int64_t heads = j["num_heads"], K = j.value("conv_size", int64_t{4});
   Shapes s = {{"model.embeddings.weight", {V, H}}, {"model.norm.weight", {H}}};
   if (!j["tie_word_embeddings"].get<bool>()) s["lm_head.weight"] = {V, H};
   for (int64_t i = 0; i < L; ++i) {
@@ -56,7 +56,42 @@ Shapes fla_shapes(const json& j) {
     s[p + "mlp.up_proj.weight"] = {I, H};
     s[p + "mlp.down_proj.weight"] = {H, I};
     const std::string a = p + "attn.";
-    if (j["model_type"] == "gated_deltanet") {
+    if (j["model_type"] == "kda") {
+      const int64_t dk = j["head_dim"], dv = static_cast<int64_t>(dk * j["expand_v"].get<double>());
+      const int64_t hv = j["num_v_heads"], key = heads * dk, value = hv * dv, gate = hv * dk;
+      s[a + "q_proj.weight"] = {key, H};
+      s[a + "k_proj.weight"] = {key, H};
+      s[a + "v_proj.weight"] = {value, H};
+      if (j["use_short_conv"].get<bool>()) {
+        s[a + "q_conv1d.weight"] = {key, 1, K};
+        s[a + "k_conv1d.weight"] = {key, 1, K};
+        s[a + "v_conv1d.weight"] = {value, 1, K};
+      }
+      s[a + "f_proj.0.weight"] = {dv, H};
+      s[a + "f_proj.1.weight"] = {gate, dv};
+      s[a + "b_proj.weight"] = {hv, H};
+      s[a + "A_log"] = {hv};
+      s[a + "dt_bias"] = {gate};
+      s[a + "g_proj.0.weight"] = {dv, H};
+      s[a + "g_proj.1.weight"] = {value, dv};
+      s[a + "g_proj.1.bias"] = {value};
+      s[a + "o_norm.weight"] = {dv};
+      s[a + "o_proj.weight"] = {H, value};
+    } else if (j["model_type"] == "linear_attn") {
+      const int64_t key = static_cast<int64_t>(H * j["expand_k"].get<double>());
+      const int64_t value = static_cast<int64_t>(H * j["expand_v"].get<double>());
+      const int64_t groups = heads / j["num_kv_heads"].get<int64_t>(), dk = key / heads, dv = value / heads;
+      s[a + "q_proj.weight"] = {key, H};
+      s[a + "k_proj.weight"] = {key / groups, H};
+      s[a + "v_proj.weight"] = {value / groups, H};
+      for (const char* f : {"feature_map_q", "feature_map_k"})  // elementwise_product: two dk x dk layers
+        for (const char* l : {"layer1", "layer2"}) {
+          s[a + f + "." + l + ".weight"] = {dk, dk};
+          s[a + f + "." + l + ".bias"] = {dk};
+        }
+      s[a + "norm.weight"] = {dv};
+      s[a + "o_proj.weight"] = {H, value};
+    } else if (j["model_type"] == "gated_deltanet") {
       const int64_t dk = j["head_dim"], dv = static_cast<int64_t>(dk * j["expand_v"].get<double>());
       const int64_t hv = j["num_v_heads"], key = heads * dk, value = hv * dv;
       s[a + "q_proj.weight"] = {key, H};
@@ -120,14 +155,16 @@ Shapes fla_shapes(const json& j) {
 }  // namespace
 
 TEST(FlaExport, NamesAndShapesAreWhatFlaBuildsFromTheConfig) {
-  for (MixerKind kind : {MixerKind::gated_deltanet, MixerKind::gla, MixerKind::deltanet, MixerKind::retnet}) {
+  for (MixerKind kind : {MixerKind::gated_deltanet, MixerKind::gla, MixerKind::deltanet, MixerKind::retnet,
+                         MixerKind::kda, MixerKind::linear_attention}) {
     SCOPED_TRACE(to_string(kind));
     const std::string dir = student_folder(to_string(kind), kind);
     const std::string out = test::fresh_dir("fla_export", to_string(kind) + "_fla");
     export_fla(dir, out);
     const auto j = json::parse(std::ifstream(out + "/config.json"));
     const std::map<MixerKind, std::string> type = {{MixerKind::gated_deltanet, "gated_deltanet"}, {MixerKind::gla, "gla"},
-                                                   {MixerKind::deltanet, "delta_net"}, {MixerKind::retnet, "retnet"}};
+                                                   {MixerKind::deltanet, "delta_net"}, {MixerKind::retnet, "retnet"},
+                                                   {MixerKind::kda, "kda"}, {MixerKind::linear_attention, "linear_attn"}};
     EXPECT_EQ(j["model_type"], type.at(kind));
     EXPECT_EQ(j["hidden_act"], "swish");
     EXPECT_EQ(j["norm_eps"], 1e-5);
@@ -155,8 +192,14 @@ TEST(FlaExport, WhatFlaCannotExpressIsRefused) {
   };
   EXPECT_NE(reason(student_folder("mlstm", MixerKind::mlstm)).find("fla has no mLSTM"), std::string::npos);
   EXPECT_NE(reason(student_folder("hybrid", MixerKind::gla, {1})).find("hybrid"), std::string::npos);
-  EXPECT_NE(reason(student_folder("kda", MixerKind::kda)).find("not yet supported"), std::string::npos);
+
   EXPECT_NE(reason(student_folder("retnet_base", MixerKind::retnet, {}, false, 5e5)).find("base 10000"), std::string::npos);
+  // The paper preset's KDA gate is full rank and its linear attention has short convolutions.
+  EXPECT_NE(reason(student_folder("kda_paper", MixerKind::kda, {}, false, 1e4, "paper")).find("full rank"),
+            std::string::npos);
+  EXPECT_NE(reason(student_folder("la_paper", MixerKind::linear_attention, {}, false, 1e4, "paper"))
+                .find("short convolutions"),
+            std::string::npos);
   EXPECT_NE(reason(student_folder("biased", MixerKind::gated_deltanet, {}, true)).find("biases"), std::string::npos);
   CausalLM teacher(teacher_config());
   const std::string teacher_dir = test::fresh_dir("fla_export", "teacher");

@@ -11,8 +11,8 @@ namespace linearize::cli {
 int cmd_export(const std::vector<std::string>& argv) {
   CommandSpec spec{"export",
                    "Write a student as a Hugging Face folder another library loads. --format fla: flash-linear-\n"
-                   "attention's model classes (its config.json and parameter names), for Gated DeltaNet, GLA,\n"
-                   "DeltaNet and RetNet students; whatever fla cannot express is refused with the reason, never changed.",
+                   "attention's model classes (its config.json and parameter names), for students of the six\n"
+                   "mixers fla has (not mLSTM); whatever fla cannot express is refused with the reason, never changed.",
                    "STUDENT_DIR OUT",
                    "After `import fla.models`, transformers' AutoModelForCausalLM.from_pretrained(OUT) loads it.",
                    {{"format", "NAME", "the target: fla", "fla"}},

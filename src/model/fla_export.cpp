@@ -49,8 +49,6 @@ json fla_config(const std::string& dir) {
   const std::string kind = to_string(m.kind);
   auto refuse = [&](const std::string& why) { throw Error(dir + ": cannot export to fla: " + why); };
   if (m.kind == MixerKind::mlstm) refuse("fla has no mLSTM model");
-  if (m.kind == MixerKind::linear_attention || m.kind == MixerKind::kda)
-    refuse(kind + " is not yet supported by this exporter (gated_deltanet, gla, deltanet and retnet are)");
   if (!spec.layers.empty()) refuse("hybrid students (softmax attention kept in some layers) are not supported");
   if (m.qkv_bias || m.o_bias) refuse("the mixer has attention biases (carried from the teacher); fla's layers have none");
   if (m.qk_norm) refuse("the mixer has per-head q/k norms (carried from a Qwen3 teacher); fla's layers have none");
@@ -105,6 +103,38 @@ json fla_config(const std::string& dir) {
     j["qk_norm"] = "l2";          // q and k L2-normalised, as ours
     j["qk_activation"] = "silu";  // after the short convolution, as ours
     j["use_output_norm"] = true;
+  } else if (m.kind == MixerKind::kda) {
+    if (!m.use_output_gate) refuse("the output gate is off; fla's KDA is always gated");
+    if (m.kda_gate_mode != "multiply")
+      refuse("the output gate is added inside the norm (the study's kda_gate defect); fla multiplies by sigmoid(g)");
+    if (!m.kda_gate_low_rank) refuse("the output gate is full rank; fla's KDA gate is low rank (head_v_dim)");
+    if (!m.use_beta) refuse("beta is off (use_beta false); fla's KDA always uses sigmoid(b_proj x)");
+    j["model_type"] = "kda";
+    j["architectures"] = {"KDAForCausalLM"};
+    j["head_dim"] = m.head_k_dim;
+    j["expand_v"] = ratio(m.head_v_dim, m.head_k_dim, "head_v_dim");
+    j["num_v_heads"] = m.value_heads();
+    j["allow_neg_eigval"] = m.allow_neg_eigval;
+    j["safe_gate"] = m.safe_gate;
+    j["lower_bound"] = m.lower_bound < 0 ? json(m.lower_bound) : json();
+    j.erase("fuse_linear_cross_entropy");  // not a field of fla's KDA config
+  } else if (m.kind == MixerKind::linear_attention) {
+    if (m.use_short_conv) refuse("the student has short convolutions (the paper preset); fla's linear attention has none");
+    if (!m.use_output_norm) refuse("the output norm is off (the paper preset); fla's linear attention model always has it");
+    j["model_type"] = "linear_attn";
+    j["architectures"] = {"LinearAttentionForCausalLM"};
+    j["attn_mode"] = "fused_chunk";
+    j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
+    j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
+    j["num_kv_heads"] = m.kv_heads();
+    j["feature_map"] = m.feature_map;
+    j["tie_feature_map_qk"] = false;
+    j["norm_q"] = m.norm_q;
+    j["norm_k"] = m.norm_k;
+    j["norm_feature_map"] = m.feature_map_norm;
+    j["elementwise_affine"] = true;
+    j.erase("use_short_conv");
+    j.erase("conv_size");
   } else if (m.kind == MixerKind::retnet) {
     if (m.use_short_conv) refuse("the student's RetNet has short convolutions; fla's RetNet model cannot have them");
     if (m.rope_theta != 10000.0)

@@ -5,12 +5,13 @@
 // input_layernorm -> attn_norm, post_attention_layernorm -> mlp_norm; GLA's gated output norm is fla's
 // g_norm_swish_gate). fla's layout facts were read from its source (fla 0.5.2).
 //
-// Exported now: Gated DeltaNet, GLA, DeltaNet and RetNet students with every layer replaced. Everything fla
-// cannot express is refused with the reason, never changed: mLSTM (fla has no such model), hybrids, biases
-// or q/k norms carried from a Qwen teacher, an MLP with biases, GLA gates other than rank 16 and normalizer
-// 16, short convolutions with a bias, Gated DeltaNet's beta turned off, RetNet with short convolutions or
-// a rotary base other than fla's 10000, and one RMSNorm eps for the blocks and another for the mixer (fla
-// has one norm_eps). Linear attention and KDA are refused as not yet supported by this exporter.
+// Exported: students of the six mixers fla has (linear attention, RetNet, GLA, DeltaNet, Gated DeltaNet,
+// KDA) with every layer replaced. Everything fla cannot express is refused with the reason, never changed:
+// mLSTM (fla has no such model), hybrids, biases or q/k norms carried from a Qwen teacher, an MLP with
+// biases, short convolutions with a bias (or any, for linear attention and RetNet), GLA gates other than
+// rank 16 and normalizer 16, beta turned off (Gated DeltaNet, KDA), RetNet's rotary base other than fla's
+// 10000, the paper preset's linear attention without output norm, KDA's gate added in the norm or full
+// rank, and one RMSNorm eps for the blocks and another for the mixer (fla has one norm_eps).
 #pragma once
 #include <nlohmann/json.hpp>
 
