@@ -206,3 +206,22 @@ TEST(FlaExport, WhatFlaCannotExpressIsRefused) {
   save_model(teacher, teacher_dir);
   EXPECT_NE(reason(teacher_dir).find("not a linearized student"), std::string::npos);
 }
+
+TEST(FlaExport, ImportingAnExportGivesTheSameModel) {
+  for (MixerKind kind : all_mixer_kinds()) {
+    if (kind == MixerKind::mlstm) continue;
+    SCOPED_TRACE(to_string(kind));
+    const std::string dir = student_folder(to_string(kind) + "_rt", kind);
+    const std::string fla = test::fresh_dir("fla_export", to_string(kind) + "_rt_fla");
+    const std::string back = test::fresh_dir("fla_export", to_string(kind) + "_rt_back");
+    export_fla(dir, fla);
+    import_fla(fla, back);
+    auto a = load_model(dir), b = load_model(back);
+    auto ours = a->config.raw["linearize"]["mixer_config"], theirs = b->config.raw["linearize"]["mixer_config"];
+    ours.erase("qk_norm_eps"), theirs.erase("qk_norm_eps");  // unused without qk_norm (fla has none)
+    EXPECT_EQ(theirs, ours);
+    torch::NoGradGuard ng;
+    auto ids = torch::randint(0, 97, {2, 21}, torch::kLong);
+    EXPECT_LT(test::rel_err(b->forward(ids), a->forward(ids)), 1e-6);
+  }
+}

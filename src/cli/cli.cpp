@@ -24,6 +24,7 @@ const std::vector<Command>& commands() {
       {"study", "run a grid of teachers x mixers x budgets and report the study's tables", cmd_study},
       {"report", "Markdown tables and SVG figures from eval results", cmd_report},
       {"export", "write a student in another library's format (export --format fla)", cmd_export},
+      {"import", "read another library's model folder as a student (import --format fla)", cmd_import},
       {"demo", "run the built-in default job (see README)", cmd_demo},
   };
   return list;

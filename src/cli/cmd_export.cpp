@@ -1,4 +1,4 @@
-// linearize export: a student folder in another project's format (model/fla_export.h).
+// linearize export / import: a student folder in another library's format and back (model/fla_export.h).
 #include <iostream>
 
 #include "cli/commands.h"
@@ -24,6 +24,25 @@ int cmd_export(const std::vector<std::string>& argv) {
   const auto& pos = args.positional();
   export_fla(pos[0], pos[1]);
   std::cerr << "[export] wrote " << pos[1] << " (fla " << fla_config(pos[0])["model_type"].get<std::string>() << ")\n";
+  return 0;
+}
+
+int cmd_import(const std::vector<std::string>& argv) {
+  CommandSpec spec{"import",
+                   "Read another library's model folder as a student folder. --format fla: a flash-linear-\n"
+                   "attention model (linear_attn, retnet, gla, delta_net, gated_deltanet, kda) without hybrid\n"
+                   "layers; settings our mixers lack are refused with the reason.",
+                   "FLA_DIR OUT",
+                   "The student folder works with every command (generate, eval, distill --init-from is not needed).",
+                   {{"format", "NAME", "the source: fla", "fla"}},
+                   2,
+                   2};
+  Args args(spec, argv);
+  if (args.help_requested()) return std::cout << help_text(spec), 0;
+  if (args.str("format") != "fla") throw Error("--format: unknown format \"" + args.str("format") + "\" (expected fla)");
+  const auto& pos = args.positional();
+  import_fla(pos[0], pos[1]);
+  std::cerr << "[import] wrote " << pos[1] << "\n";
   return 0;
 }
 

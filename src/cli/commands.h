@@ -30,6 +30,7 @@ int cmd_chat(const std::vector<std::string>& args);
 int cmd_study(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_export(const std::vector<std::string>& args);
+int cmd_import(const std::vector<std::string>& args);
 int eval_instruct(const std::vector<std::string>& args);  // `eval instruct` (cmd_eval_instruct.cpp)
 
 const std::vector<Command>& commands();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <regex>
 
 #include "io/atomic_file.h"
@@ -197,6 +198,143 @@ void export_fla(const std::string& dir, const std::string& out) {
   }
   fs::create_directories(out);
   save_safetensors((fs::path(out) / "model.safetensors").string(), tensors, {{"format", "pt"}});
+  write_file_atomic((fs::path(out) / "config.json").string(), [&](std::ostream& o) { o << config.dump(2) << "\n"; });
+  copy_tokenizer_files(dir, out);
+}
+
+// import_fla after the config file is found; nlohmann errors are turned into ours by the caller.
+static void import_fla_checked(const std::string& dir, const std::string& path, const json& j, const std::string& out);
+
+void import_fla(const std::string& dir, const std::string& out) {
+  const std::string path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(path)) throw Error(path + ": no such file (expected an fla model folder)");
+  try {
+    import_fla_checked(dir, path, json::parse(read_file(path)), out);
+  } catch (const json::exception& e) {  // malformed JSON, a missing key or a value of the wrong type
+    throw Error(path + ": " + e.what());
+  }
+}
+
+static void import_fla_checked(const std::string& dir, const std::string& path, const json& j, const std::string& out) {
+  const std::string type = j.value("model_type", std::string());
+  auto refuse = [&](const std::string& why) { throw Error(path + ": cannot import from fla: " + why); };
+  const std::map<std::string, MixerKind> kinds = {{"linear_attn", MixerKind::linear_attention}, {"retnet", MixerKind::retnet},
+                                                  {"gla", MixerKind::gla}, {"delta_net", MixerKind::deltanet},
+                                                  {"gated_deltanet", MixerKind::gated_deltanet}, {"kda", MixerKind::kda}};
+  if (!kinds.count(type))
+    refuse("model_type \"" + type + "\" (expected linear_attn, retnet, gla, delta_net, gated_deltanet or kda)");
+  if (j.contains("attn") && !j["attn"].is_null()) refuse("hybrid models (an \"attn\" section) are not supported");
+  if (j.value("hidden_act", std::string("swish")) != "swish") refuse("hidden_act must be swish");
+  const int64_t H = j.at("hidden_size").get<int64_t>(), heads = j.at("num_heads").get<int64_t>();
+  MixerConfig m = MixerConfig::defaults_for(kinds.at(type));
+  m.hidden_size = H;
+  m.num_heads = heads;
+  m.norm_eps = j.value("norm_eps", 1e-6);
+  m.conv_size = j.value("conv_size", int64_t{4});
+  auto width = [&](const char* key, double dflt) { return static_cast<int64_t>(static_cast<double>(H) * j.value(key, dflt)); };
+  switch (m.kind) {
+    case MixerKind::gated_deltanet:
+    case MixerKind::kda: {
+      m.head_k_dim = j.at("head_dim").get<int64_t>();
+      m.head_v_dim = static_cast<int64_t>(static_cast<double>(m.head_k_dim) * j.value("expand_v", 1.0));
+      m.num_v_heads = j.value("num_v_heads", json()).is_null() ? heads : j["num_v_heads"].get<int64_t>();
+      m.use_short_conv = j.value("use_short_conv", true);
+      m.allow_neg_eigval = j.value("allow_neg_eigval", false);
+      if (m.kind == MixerKind::gated_deltanet) {
+        m.use_output_gate = j.value("use_gate", true);
+      } else {
+        m.safe_gate = j.value("safe_gate", false);
+        m.lower_bound = j.value("lower_bound", json()).is_null() ? 0.0 : j["lower_bound"].get<double>();
+      }
+      break;
+    }
+    default: {
+      const double ek = m.kind == MixerKind::gla ? 0.5 : 1.0;
+      const double ev = m.kind == MixerKind::retnet ? 2.0 : 1.0;
+      m.head_k_dim = width("expand_k", ek) / heads;
+      m.head_v_dim = width("expand_v", ev) / heads;
+      m.num_kv_heads = j.value("num_kv_heads", json()).is_null() ? heads : j["num_kv_heads"].get<int64_t>();
+      if (m.kind == MixerKind::deltanet) {
+        m.num_kv_heads = heads;
+        m.use_short_conv = j.value("use_short_conv", true);
+        m.use_output_gate = j.value("use_gate", false);
+        m.use_beta = j.value("use_beta", true);
+        m.allow_neg_eigval = j.value("allow_neg_eigval", false);
+        if (j.value("qk_norm", std::string("l2")) != "l2" || j.value("qk_activation", std::string("silu")) != "silu")
+          refuse("DeltaNet with qk_norm other than l2 or qk_activation other than silu");
+      } else if (m.kind == MixerKind::gla) {
+        m.use_short_conv = j.value("use_short_conv", false);
+        m.use_output_gate = j.value("use_output_gate", true);
+        if (!j.value("feature_map", json()).is_null() || !j.value("clamp_min", json()).is_null())
+          refuse("GLA with a feature_map or clamp_min");
+      } else if (m.kind == MixerKind::retnet) {
+        m.use_short_conv = false;
+        m.use_output_gate = j.value("use_output_gate", true);
+        m.rope_theta = 10000.0;
+        if (!j.value("feature_map", json()).is_null()) refuse("RetNet with a feature_map");
+      } else {  // linear attention
+        m.feature_map = j.value("feature_map", std::string("elementwise_product"));
+        m.norm_q = j.value("norm_q", false);
+        m.norm_k = j.value("norm_k", false);
+        m.feature_map_norm = j.value("norm_feature_map", false);
+        if (j.value("tie_feature_map_qk", false)) refuse("linear attention with tie_feature_map_qk");
+      }
+    }
+  }
+  if (!j.value("elementwise_affine", true)) refuse("elementwise_affine false (output norms without weights)");
+  m.resolve();
+  // The teacher-side fields of a student folder: the mixer's heads, the MLP and norms fla has.
+  LlamaConfig c;
+  c.architecture = Architecture::llama;
+  c.vocab_size = j.at("vocab_size").get<int64_t>();
+  c.hidden_size = H;
+  c.num_hidden_layers = j.at("num_hidden_layers").get<int64_t>();
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = m.kv_heads();
+  c.head_dim = m.head_k_dim;
+  c.rope_theta = 10000.0;
+  c.rms_norm_eps = m.norm_eps;
+  c.max_position_embeddings = j.value("max_position_embeddings", int64_t{2048});
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  if (j.value("intermediate_size", json()).is_null()) {
+    const double ratio = j.value("hidden_ratio", json()).is_null() ? 4.0 : j["hidden_ratio"].get<double>();
+    const auto i = static_cast<int64_t>(static_cast<double>(H) * ratio * 2.0 / 3.0);
+    c.intermediate_size = 256 * ((i + 255) / 256);
+  } else {
+    c.intermediate_size = j["intermediate_size"].get<int64_t>();
+  }
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_integer()) c.bos_token_id = j["bos_token_id"].get<int64_t>();
+  if (j.contains("eos_token_id") && j["eos_token_id"].is_number_integer()) c.eos_token_ids = {j["eos_token_id"].get<int64_t>()};
+  c.raw = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}};
+  StudentSpec spec;
+  spec.mixer_config = m;
+  nlohmann::json config = c.to_json();
+  config["linearize"] = spec.to_json();
+
+  // fla's names back to ours.
+  WeightStore store(dir);
+  const std::vector<std::pair<std::regex, std::string>> renames = {
+      {std::regex(R"(^model\.embeddings\.weight$)"), "model.embed_tokens.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.attn_norm\.weight$)"), "model.layers.$1.input_layernorm.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.mlp_norm\.weight$)"), "model.layers.$1.post_attention_layernorm.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight$)"), "model.layers.$1.mlp.$2_proj.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.attn\.g_norm_swish_gate\.weight$)"), "model.layers.$1.attn.g_norm.weight"},
+      {std::regex(R"(^model\.layers\.(\d+)\.attn\.(.+)$)"), "model.layers.$1.attn.$2"},
+      {std::regex(R"(^model\.norm\.weight$)"), "model.norm.weight"},
+      {std::regex(R"(^lm_head\.weight$)"), "lm_head.weight"}};
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& name : store.names()) {
+    std::string renamed;
+    for (const auto& [re, to] : renames)
+      if (std::regex_match(name, re)) {
+        renamed = std::regex_replace(name, re, to);
+        break;
+      }
+    if (renamed.empty()) refuse("no linearize name for the tensor " + name);
+    tensors.emplace_back(renamed, store.get(name));
+  }
+  fs::create_directories(out);
+  save_safetensors((fs::path(out) / "model.safetensors").string(), tensors);
   write_file_atomic((fs::path(out) / "config.json").string(), [&](std::ostream& o) { o << config.dump(2) << "\n"; });
   copy_tokenizer_files(dir, out);
 }

@@ -26,4 +26,9 @@ nlohmann::json fla_config(const std::string& student_dir);
 // Writes OUT: config.json, model.safetensors (fla's names, the student's dtype) and the tokenizer files.
 void export_fla(const std::string& student_dir, const std::string& out);
 
+// The other way (`linearize import --format fla`): an fla folder of one of those six models as a student
+// folder (the mixer's settings from fla's config, the teacher-side fields a student folder records set from
+// it: heads as the mixer's, RoPE base 10000 unused). Settings fla has and our mixers lack are refused.
+void import_fla(const std::string& fla_dir, const std::string& out);
+
 }  // namespace linearize
