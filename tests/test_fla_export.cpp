@@ -56,17 +56,18 @@ Shapes fla_shapes(const json& j) {
     s[p + "mlp.up_proj.weight"] = {I, H};
     s[p + "mlp.down_proj.weight"] = {H, I};
     const std::string a = p + "attn.";
+    auto convs = [&](int64_t q, int64_t k, int64_t v) {  // depthwise, [C, 1, K], no bias
+      s[a + "q_conv1d.weight"] = {q, 1, K};
+      s[a + "k_conv1d.weight"] = {k, 1, K};
+      s[a + "v_conv1d.weight"] = {v, 1, K};
+    };
     if (j["model_type"] == "kda") {
       const int64_t dk = j["head_dim"], dv = static_cast<int64_t>(dk * j["expand_v"].get<double>());
       const int64_t hv = j["num_v_heads"], key = heads * dk, value = hv * dv, gate = hv * dk;
       s[a + "q_proj.weight"] = {key, H};
       s[a + "k_proj.weight"] = {key, H};
       s[a + "v_proj.weight"] = {value, H};
-      if (j["use_short_conv"].get<bool>()) {
-        s[a + "q_conv1d.weight"] = {key, 1, K};
-        s[a + "k_conv1d.weight"] = {key, 1, K};
-        s[a + "v_conv1d.weight"] = {value, 1, K};
-      }
+      if (j["use_short_conv"].get<bool>()) convs(key, key, value);
       s[a + "f_proj.0.weight"] = {dv, H};
       s[a + "f_proj.1.weight"] = {gate, dv};
       s[a + "b_proj.weight"] = {hv, H};
@@ -101,11 +102,7 @@ Shapes fla_shapes(const json& j) {
       s[a + "b_proj.weight"] = {hv, H};
       s[a + "A_log"] = {hv};
       s[a + "dt_bias"] = {hv};
-      if (j["use_short_conv"].get<bool>()) {
-        s[a + "q_conv1d.weight"] = {key, 1, K};
-        s[a + "k_conv1d.weight"] = {key, 1, K};
-        s[a + "v_conv1d.weight"] = {value, 1, K};
-      }
+      if (j["use_short_conv"].get<bool>()) convs(key, key, value);
       if (j["use_gate"].get<bool>()) s[a + "g_proj.weight"] = {value, H};
       s[a + "o_norm.weight"] = {dv};
       s[a + "o_proj.weight"] = {H, value};
@@ -116,11 +113,7 @@ Shapes fla_shapes(const json& j) {
       s[a + "k_proj.weight"] = {key, H};
       s[a + "v_proj.weight"] = {value, H};
       if (j["use_beta"].get<bool>()) s[a + "b_proj.weight"] = {heads, H};
-      if (j["use_short_conv"].get<bool>()) {
-        s[a + "q_conv1d.weight"] = {key, 1, K};
-        s[a + "k_conv1d.weight"] = {key, 1, K};
-        s[a + "v_conv1d.weight"] = {value, 1, K};
-      }
+      if (j["use_short_conv"].get<bool>()) convs(key, key, value);
       if (j["use_gate"].get<bool>()) s[a + "g_proj.weight"] = {value, H};
       s[a + "o_norm.weight"] = {dv};
       s[a + "o_proj.weight"] = {H, value};
@@ -133,11 +126,7 @@ Shapes fla_shapes(const json& j) {
       s[a + "q_proj.weight"] = {key, H};
       s[a + "k_proj.weight"] = {key_g, H};
       s[a + "v_proj.weight"] = {value_g, H};
-      if (gla && j["use_short_conv"].get<bool>()) {  // RetNet's model never builds them
-        s[a + "q_conv1d.weight"] = {key, 1, K};
-        s[a + "k_conv1d.weight"] = {key_g, 1, K};
-        s[a + "v_conv1d.weight"] = {value_g, 1, K};
-      }
+      if (gla && j["use_short_conv"].get<bool>()) convs(key, key_g, value_g);  // RetNet's model never builds them
       if (gla) {
         s[a + "gk_proj.0.weight"] = {16, H};
         s[a + "gk_proj.1.weight"] = {key_g, 16};

@@ -8,6 +8,13 @@
 
 namespace linearize::cli {
 
+namespace {
+// --format: fla is the one format there is.
+void require_fla_format(const Args& args) {
+  if (args.str("format") != "fla") throw Error("--format: unknown format \"" + args.str("format") + "\" (expected fla)");
+}
+}  // namespace
+
 int cmd_export(const std::vector<std::string>& argv) {
   CommandSpec spec{"export",
                    "Write a student as a Hugging Face folder another library loads. --format fla: flash-linear-\n"
@@ -20,10 +27,10 @@ int cmd_export(const std::vector<std::string>& argv) {
                    2};
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
-  if (args.str("format") != "fla") throw Error("--format: unknown format \"" + args.str("format") + "\" (expected fla)");
+  require_fla_format(args);
   const auto& pos = args.positional();
-  export_fla(pos[0], pos[1]);
-  std::cerr << "[export] wrote " << pos[1] << " (fla " << fla_config(pos[0])["model_type"].get<std::string>() << ")\n";
+  const auto config = export_fla(pos[0], pos[1]);
+  std::cerr << "[export] wrote " << pos[1] << " (fla " << config["model_type"].get<std::string>() << ")\n";
   return 0;
 }
 
@@ -33,13 +40,13 @@ int cmd_import(const std::vector<std::string>& argv) {
                    "attention model (linear_attn, retnet, gla, delta_net, gated_deltanet, kda) without hybrid\n"
                    "layers; settings our mixers lack are refused with the reason.",
                    "FLA_DIR OUT",
-                   "The student folder works with every command (generate, eval, distill --init-from is not needed).",
+                   "The student folder works with every command that reads a student (generate, eval, serve, distill).",
                    {{"format", "NAME", "the source: fla", "fla"}},
                    2,
                    2};
   Args args(spec, argv);
   if (args.help_requested()) return std::cout << help_text(spec), 0;
-  if (args.str("format") != "fla") throw Error("--format: unknown format \"" + args.str("format") + "\" (expected fla)");
+  require_fla_format(args);
   const auto& pos = args.positional();
   import_fla(pos[0], pos[1]);
   std::cerr << "[import] wrote " << pos[1] << "\n";

@@ -42,10 +42,45 @@ double ratio(int64_t width, int64_t base, const std::string& what) {
   return r;
 }
 
-}  // namespace
+// fla's model of each mixer it has: its model_type and CausalLM class.
+struct FlaModel {
+  MixerKind kind;
+  const char* model_type;
+  const char* causal_lm;
+};
+const FlaModel kFlaModels[] = {{MixerKind::linear_attention, "linear_attn", "LinearAttentionForCausalLM"},
+                               {MixerKind::retnet, "retnet", "RetNetForCausalLM"},
+                               {MixerKind::gla, "gla", "GLAForCausalLM"},
+                               {MixerKind::deltanet, "delta_net", "DeltaNetForCausalLM"},
+                               {MixerKind::gated_deltanet, "gated_deltanet", "GatedDeltaNetForCausalLM"},
+                               {MixerKind::kda, "kda", "KDAForCausalLM"}};
 
-json fla_config(const std::string& dir) {
-  const auto [c, spec] = read_student(dir);
+using Renames = std::vector<std::pair<std::regex, std::string>>;
+
+// Writes `to`: the tensors of the folder `from`, each under the name the first matching rename gives it,
+// config.json and the tokenizer files. A tensor no rename matches is an Error: `unnamed` + its name.
+void write_renamed(const std::string& from, const std::string& to, const Renames& renames, const json& config,
+                   const std::string& unnamed, const std::map<std::string, std::string>& metadata) {
+  WeightStore store(from);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const auto& name : store.names()) {
+    std::string renamed;
+    for (const auto& [re, to_name] : renames)
+      if (std::regex_match(name, re)) {
+        renamed = std::regex_replace(name, re, to_name);
+        break;
+      }
+    if (renamed.empty()) throw Error(unnamed + name);
+    tensors.emplace_back(renamed, store.get(name));
+  }
+  fs::create_directories(to);
+  save_safetensors((fs::path(to) / "model.safetensors").string(), tensors, metadata);
+  write_file_atomic((fs::path(to) / "config.json").string(), [&](std::ostream& o) { o << config.dump(2) << "\n"; });
+  copy_tokenizer_files(from, to);
+}
+
+json fla_config_of(const Student& student, const std::string& dir) {
+  const auto& [c, spec] = student;
   const auto& m = spec.mixer_config;
   const std::string kind = to_string(m.kind);
   auto refuse = [&](const std::string& why) { throw Error(dir + ": cannot export to fla: " + why); };
@@ -84,18 +119,16 @@ json fla_config(const std::string& dir) {
             {"fuse_linear_cross_entropy", false},
             {"use_l2warp", false},
             {"torch_dtype", c.torch_dtype}};
+  for (const auto& f : kFlaModels)
+    if (f.kind == m.kind) j["model_type"] = f.model_type, j["architectures"] = {f.causal_lm};
   if (m.kind == MixerKind::gated_deltanet) {
     if (!m.use_beta) refuse("beta is off (use_beta false); fla's Gated DeltaNet always uses sigmoid(b_proj x)");
-    j["model_type"] = "gated_deltanet";
-    j["architectures"] = {"GatedDeltaNetForCausalLM"};
     j["head_dim"] = m.head_k_dim;
     j["expand_v"] = ratio(m.head_v_dim, m.head_k_dim, "head_v_dim");
     j["num_v_heads"] = m.value_heads();
     j["use_gate"] = m.use_output_gate;
     j["allow_neg_eigval"] = m.allow_neg_eigval;
   } else if (m.kind == MixerKind::deltanet) {
-    j["model_type"] = "delta_net";
-    j["architectures"] = {"DeltaNetForCausalLM"};
     j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
     j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
     j["use_gate"] = m.use_output_gate;
@@ -110,8 +143,6 @@ json fla_config(const std::string& dir) {
       refuse("the output gate is added inside the norm (the study's kda_gate defect); fla multiplies by sigmoid(g)");
     if (!m.kda_gate_low_rank) refuse("the output gate is full rank; fla's KDA gate is low rank (head_v_dim)");
     if (!m.use_beta) refuse("beta is off (use_beta false); fla's KDA always uses sigmoid(b_proj x)");
-    j["model_type"] = "kda";
-    j["architectures"] = {"KDAForCausalLM"};
     j["head_dim"] = m.head_k_dim;
     j["expand_v"] = ratio(m.head_v_dim, m.head_k_dim, "head_v_dim");
     j["num_v_heads"] = m.value_heads();
@@ -122,8 +153,6 @@ json fla_config(const std::string& dir) {
   } else if (m.kind == MixerKind::linear_attention) {
     if (m.use_short_conv) refuse("the student has short convolutions (the paper preset); fla's linear attention has none");
     if (!m.use_output_norm) refuse("the output norm is off (the paper preset); fla's linear attention model always has it");
-    j["model_type"] = "linear_attn";
-    j["architectures"] = {"LinearAttentionForCausalLM"};
     j["attn_mode"] = "fused_chunk";
     j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
     j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
@@ -142,8 +171,6 @@ json fla_config(const std::string& dir) {
       refuse("fla's RetNet rotates with base 10000; this student's base is " + std::to_string(m.rope_theta) +
              " (the teacher's; the paper preset uses 10000)");
     if (m.head_k_dim > 256) refuse("fla's RetNet allows head_k_dim up to 256");
-    j["model_type"] = "retnet";
-    j["architectures"] = {"RetNetForCausalLM"};
     j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
     j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
     j["num_kv_heads"] = m.kv_heads();
@@ -154,8 +181,6 @@ json fla_config(const std::string& dir) {
     if (m.gate_low_rank_dim != 16 || m.gate_logit_normalizer != 16.0)
       refuse("fla's GLA model fixes the gate's rank and normalizer at 16 and 16; the student has " +
              std::to_string(m.gate_low_rank_dim) + " and " + std::to_string(m.gate_logit_normalizer));
-    j["model_type"] = "gla";
-    j["architectures"] = {"GLAForCausalLM"};
     j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
     j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
     j["num_kv_heads"] = m.kv_heads();
@@ -167,15 +192,18 @@ json fla_config(const std::string& dir) {
   return j;
 }
 
-void export_fla(const std::string& dir, const std::string& out) {
-  const json config = fla_config(dir);
-  const auto [c, spec] = read_student(dir);
+}  // namespace
+
+json fla_config(const std::string& dir) { return fla_config_of(read_student(dir), dir); }
+
+json export_fla(const std::string& dir, const std::string& out) {
+  const Student student = read_student(dir);
+  const json config = fla_config_of(student, dir);
   // GLA's and RetNet's gated output norm is fla's g_norm_swish_gate (fuse_norm, swish, a gate).
-  const auto kind = spec.mixer_config.kind;
-  const bool gated_norm = (kind == MixerKind::gla || kind == MixerKind::retnet) && spec.mixer_config.use_output_gate;
-  WeightStore store(dir);
+  const auto& m = student.spec.mixer_config;
+  const bool gated_norm = (m.kind == MixerKind::gla || m.kind == MixerKind::retnet) && m.use_output_gate;
   // Teacher names to fla's; the mixers' names are fla's already.
-  const std::vector<std::pair<std::regex, std::string>> renames = {
+  const Renames renames = {
       {std::regex(R"(^model\.embed_tokens\.weight$)"), "model.embeddings.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.input_layernorm\.weight$)"), "model.layers.$1.attn_norm.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.post_attention_layernorm\.weight$)"), "model.layers.$1.mlp_norm.weight"},
@@ -185,21 +213,8 @@ void export_fla(const std::string& dir, const std::string& out) {
       {std::regex(R"(^model\.layers\.(\d+)\.attn\.(.+)$)"), "model.layers.$1.attn.$2"},
       {std::regex(R"(^model\.norm\.weight$)"), "model.norm.weight"},
       {std::regex(R"(^lm_head\.weight$)"), "lm_head.weight"}};
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (const auto& name : store.names()) {
-    std::string renamed;
-    for (const auto& [re, to] : renames)
-      if (std::regex_match(name, re)) {
-        renamed = std::regex_replace(name, re, to);
-        break;
-      }
-    if (renamed.empty()) throw Error(dir + ": cannot export to fla: no fla name for the tensor " + name);
-    tensors.emplace_back(renamed, store.get(name));
-  }
-  fs::create_directories(out);
-  save_safetensors((fs::path(out) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  write_file_atomic((fs::path(out) / "config.json").string(), [&](std::ostream& o) { o << config.dump(2) << "\n"; });
-  copy_tokenizer_files(dir, out);
+  write_renamed(dir, out, renames, config, dir + ": cannot export to fla: no fla name for the tensor ", {{"format", "pt"}});
+  return config;
 }
 
 // import_fla after the config file is found; nlohmann errors are turned into ours by the caller.
@@ -218,15 +233,17 @@ void import_fla(const std::string& dir, const std::string& out) {
 static void import_fla_checked(const std::string& dir, const std::string& path, const json& j, const std::string& out) {
   const std::string type = j.value("model_type", std::string());
   auto refuse = [&](const std::string& why) { throw Error(path + ": cannot import from fla: " + why); };
-  const std::map<std::string, MixerKind> kinds = {{"linear_attn", MixerKind::linear_attention}, {"retnet", MixerKind::retnet},
-                                                  {"gla", MixerKind::gla}, {"delta_net", MixerKind::deltanet},
-                                                  {"gated_deltanet", MixerKind::gated_deltanet}, {"kda", MixerKind::kda}};
-  if (!kinds.count(type))
-    refuse("model_type \"" + type + "\" (expected linear_attn, retnet, gla, delta_net, gated_deltanet or kda)");
+  const FlaModel* model = nullptr;
+  std::string known;
+  for (const auto& f : kFlaModels) {
+    if (type == f.model_type) model = &f;
+    known += (known.empty() ? "" : ", ") + std::string(f.model_type);
+  }
+  if (!model) refuse("model_type \"" + type + "\" (expected one of " + known + ")");
   if (j.contains("attn") && !j["attn"].is_null()) refuse("hybrid models (an \"attn\" section) are not supported");
   if (j.value("hidden_act", std::string("swish")) != "swish") refuse("hidden_act must be swish");
   const int64_t H = j.at("hidden_size").get<int64_t>(), heads = j.at("num_heads").get<int64_t>();
-  MixerConfig m = MixerConfig::defaults_for(kinds.at(type));
+  MixerConfig m = MixerConfig::defaults_for(model->kind);
   m.hidden_size = H;
   m.num_heads = heads;
   m.norm_eps = j.value("norm_eps", 1e-6);
@@ -312,8 +329,7 @@ static void import_fla_checked(const std::string& dir, const std::string& path, 
   config["linearize"] = spec.to_json();
 
   // fla's names back to ours.
-  WeightStore store(dir);
-  const std::vector<std::pair<std::regex, std::string>> renames = {
+  const Renames renames = {
       {std::regex(R"(^model\.embeddings\.weight$)"), "model.embed_tokens.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.attn_norm\.weight$)"), "model.layers.$1.input_layernorm.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.mlp_norm\.weight$)"), "model.layers.$1.post_attention_layernorm.weight"},
@@ -322,21 +338,7 @@ static void import_fla_checked(const std::string& dir, const std::string& path, 
       {std::regex(R"(^model\.layers\.(\d+)\.attn\.(.+)$)"), "model.layers.$1.attn.$2"},
       {std::regex(R"(^model\.norm\.weight$)"), "model.norm.weight"},
       {std::regex(R"(^lm_head\.weight$)"), "lm_head.weight"}};
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (const auto& name : store.names()) {
-    std::string renamed;
-    for (const auto& [re, to] : renames)
-      if (std::regex_match(name, re)) {
-        renamed = std::regex_replace(name, re, to);
-        break;
-      }
-    if (renamed.empty()) refuse("no linearize name for the tensor " + name);
-    tensors.emplace_back(renamed, store.get(name));
-  }
-  fs::create_directories(out);
-  save_safetensors((fs::path(out) / "model.safetensors").string(), tensors);
-  write_file_atomic((fs::path(out) / "config.json").string(), [&](std::ostream& o) { o << config.dump(2) << "\n"; });
-  copy_tokenizer_files(dir, out);
+  write_renamed(dir, out, renames, config, path + ": cannot import from fla: no linearize name for the tensor ", {});
 }
 
 }  // namespace linearize

@@ -23,8 +23,9 @@ namespace linearize {
 // when the student cannot be expressed.
 nlohmann::json fla_config(const std::string& student_dir);
 
-// Writes OUT: config.json, model.safetensors (fla's names, the student's dtype) and the tokenizer files.
-void export_fla(const std::string& student_dir, const std::string& out);
+// Writes OUT: config.json, model.safetensors (fla's names, the student's dtype) and the tokenizer files;
+// returns the config written.
+nlohmann::json export_fla(const std::string& student_dir, const std::string& out);
 
 // The other way (`linearize import --format fla`): an fla folder of one of those six models as a student
 // folder (the mixer's settings from fla's config, the teacher-side fields a student folder records set from
