@@ -9,6 +9,23 @@ namespace linearize {
 
 namespace {
 
+// The family's members by their two names in config.json.
+struct ArchitectureName {
+  Architecture architecture;
+  const char* causal_lm;   // "architectures"
+  const char* model_type;  // "model_type"
+};
+const ArchitectureName kArchitectures[] = {{Architecture::llama, "LlamaForCausalLM", "llama"},
+                                           {Architecture::qwen2, "Qwen2ForCausalLM", "qwen2"},
+                                           {Architecture::qwen3, "Qwen3ForCausalLM", "qwen3"},
+                                           {Architecture::mistral, "MistralForCausalLM", "mistral"}};
+
+const ArchitectureName& name_of(Architecture a) {
+  for (const auto& x : kArchitectures)
+    if (x.architecture == a) return x;
+  throw Error("architecture " + std::to_string(static_cast<int>(a)) + " out of range");
+}
+
 const nlohmann::json& required(const nlohmann::json& j, const char* field, const std::string& source) {
   if (!j.contains(field) || j[field].is_null())
     throw Error(source + ": missing config field \"" + field + "\"");
@@ -64,21 +81,21 @@ LlamaConfig LlamaConfig::from_json_fields(const nlohmann::json& j, const std::st
   // The family member: from "architectures" when it names one, else from "model_type".
   const std::string model_type = j.value("model_type", std::string());
   std::optional<Architecture> arch;
-  std::string named;
-  const Architecture all[] = {Architecture::llama, Architecture::qwen2, Architecture::qwen3, Architecture::mistral};
+  std::string named, supported;
   if (j.contains("architectures") && j["architectures"].is_array())
     for (const auto& a : j["architectures"])
       if (a.is_string()) {
         named += (named.empty() ? "" : ", ") + a.get<std::string>();
-        for (auto x : all)
-          if (a.get<std::string>() == to_string(x)) arch = x;
+        for (const auto& x : kArchitectures)
+          if (a.get<std::string>() == x.causal_lm) arch = x.architecture;
       }
-  if (!arch)
-    for (auto x : all)
-      if (model_type == model_type_of(x)) arch = x;
+  for (const auto& x : kArchitectures) {
+    if (!arch && model_type == x.model_type) arch = x.architecture;
+    supported += (supported.empty() ? "" : ", ") + std::string(x.causal_lm);
+  }
   if (!arch)
     throw Error(source + ": unsupported model: architectures [" + named + "], model_type \"" + model_type +
-                "\" (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
+                "\" (supported: " + supported + ")");
   c.architecture = *arch;
 
   c.vocab_size = positive_int(j, "vocab_size", source);
@@ -151,25 +168,9 @@ LlamaConfig LlamaConfig::from_json_fields(const nlohmann::json& j, const std::st
   return c;
 }
 
-std::string to_string(Architecture a) {
-  switch (a) {
-    case Architecture::llama: return "LlamaForCausalLM";
-    case Architecture::qwen2: return "Qwen2ForCausalLM";
-    case Architecture::qwen3: return "Qwen3ForCausalLM";
-    case Architecture::mistral: return "MistralForCausalLM";
-  }
-  return "?";
-}
+std::string to_string(Architecture a) { return name_of(a).causal_lm; }
 
-std::string model_type_of(Architecture a) {
-  switch (a) {
-    case Architecture::llama: return "llama";
-    case Architecture::qwen2: return "qwen2";
-    case Architecture::qwen3: return "qwen3";
-    case Architecture::mistral: return "mistral";
-  }
-  return "?";
-}
+std::string model_type_of(Architecture a) { return name_of(a).model_type; }
 
 LlamaConfig LlamaConfig::load(const std::string& folder_or_file) {
   namespace fs = std::filesystem;
