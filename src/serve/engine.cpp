@@ -221,6 +221,11 @@ void Engine::release(Sequence& s) {
   --running_count_;
 }
 
+void Engine::end_cancelled(Sequence& s) {
+  release(s);
+  s.client->post("", Finish::cancelled, s.generated);
+}
+
 void Engine::loop() {
   while (true) {
     std::vector<std::unique_ptr<Sequence>> joining;
@@ -239,15 +244,13 @@ void Engine::loop() {
     for (auto& s : joining) {
       bool done = true;  // admit() releases what finishes at its first token
       if (s->client->cancelled()) {
-        release(*s);
-        s->client->post("", Finish::cancelled, 0);
+        end_cancelled(*s);
       } else {
         try {
           done = admit(*s);
         } catch (const std::exception& e) {
           std::cerr << "[serve] a request failed in prefill: " << e.what() << "\n";
-          release(*s);
-          s->client->post("", Finish::cancelled, s->generated);
+          end_cancelled(*s);
         }
       }
       if (!done) running_.push_back(std::move(s));
@@ -259,8 +262,7 @@ void Engine::loop() {
     if (leaving) batch_->flush();
     for (auto& s : running_)
       if (s->client->cancelled()) {
-        release(*s);
-        s->client->post("", Finish::cancelled, s->generated);
+        end_cancelled(*s);
         s.reset();
       }
     running_.erase(std::remove(running_.begin(), running_.end(), nullptr), running_.end());
@@ -274,10 +276,7 @@ void Engine::loop() {
     } catch (const std::exception& e) {
       std::cerr << "[serve] a decoding step failed: " << e.what() << "\n";
       batch_->forget();
-      for (auto& s : running_) {
-        release(*s);
-        s->client->post("", Finish::cancelled, s->generated);
-      }
+      for (auto& s : running_) end_cancelled(*s);
       running_.clear();
       continue;
     }

@@ -104,6 +104,7 @@ class Engine {
   bool admit(Sequence& s);  // prefill and the first token; true: already finished
   bool emit(Sequence& s, int32_t token);  // true: finished (and released)
   void release(Sequence& s);              // gives back its slot and reserved memory
+  void end_cancelled(Sequence& s);        // released, and its client told it was cancelled
 
   CausalLM model_;
   std::shared_ptr<const Tokenizer> tok_;
