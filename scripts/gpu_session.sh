@@ -22,6 +22,7 @@
 #                unpatched build runs the same bench first (not with VARIANT_BASE=0). VARIANT_NAMES="a b" picks
 #                some of the patches (one call has 10 minutes). Logs and tables in $OUT/variants/<name>.*; the
 #                unpatched build is rebuilt at the end only when another step follows
+# BUILD_TARGETS: what to build (default all; e.g. "linearize" when only the command line tool runs).
 # e.g. scripts/gpu_session.sh tests bench-quick   (OPS_LIMIT, TRAIN_LIMIT, DECODE_LIMIT: seconds per bench;
 # OPS_ARGS, TRAIN_ARGS, DECODE_ARGS: extra arguments of the ops, train and decode benches, e.g.
 # OPS_ARGS="--head-dim 64 --only retnet+", TRAIN_ARGS="--shapes 1.7b --only linear_attention,retnet")
@@ -41,7 +42,7 @@ fi
 if ! { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
          -DCMAKE_CUDA_ARCHITECTURES=90a \
          -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)');$P" &&
-       cmake --build build-gpu -j"$(nproc)"; } > "$OUT/build.log" 2>&1; then
+       cmake --build build-gpu -j"$(nproc)" --target ${BUILD_TARGETS:-all}; } > "$OUT/build.log" 2>&1; then
   echo "build failed:"; grep -E "error|Error" "$OUT/build.log" | head -40; exit 1
 fi
 echo "built in $(( $(date +%s) - start )) s"

@@ -87,6 +87,50 @@ TEST(RetrievalEpisodes, AnswersAreTheNamedNeedlesValues) {
   EXPECT_GT(distractors, 100);
 }
 
+// noise_fraction: that share of episodes repeats one paragraph of 2-6 short statements on every line of
+// the context; without it, episodes are what they were (the option draws nothing).
+TEST(RetrievalEpisodes, NoiseFillerRepeatsShortStatements) {
+  RetrievalEpisodeOptions o;
+  o.key_adjectives = training_key_adjectives();
+  o.key_nouns = training_key_nouns();
+  o.min_chars = 400;
+  o.max_chars = 800;
+  std::mt19937_64 a(5), b(5);
+  RetrievalEpisodeOptions zero = o;
+  zero.noise_fraction = 0.0;
+  for (int e = 0; e < 20; ++e) ASSERT_EQ(retrieval_episode(a, english_like_sentence, o), retrieval_episode(b, english_like_sentence, zero));
+  o.noise_fraction = 0.5;
+  const std::regex statement(
+      "(The [a-z]+ is [a-z]+|Here we are|On and on it goes|Off we go again|So it goes|Round and round|Up and down we went)\\.");
+  const std::regex needle_re("One of the special magic (numbers|uuids) for [a-z]+-[a-z]+ is: [0-9a-f-]+\\.");
+  int noise = 0;
+  std::set<size_t> sentence_counts;
+  for (int e = 0; e < 400; ++e) {
+    const std::string text = retrieval_episode(a, english_like_sentence, o);
+    const size_t head = text.find('\n') + 1, tail = text.find("\nWhat is the special magic");
+    std::vector<std::string> lines;
+    std::stringstream ctx(text.substr(head, tail - head));
+    for (std::string l; std::getline(ctx, l);)
+      if (!std::regex_match(l, needle_re)) lines.push_back(l);
+    if (lines.size() < 2) continue;
+    // A noise paragraph: every line the same, made of short statements only.
+    std::vector<std::string> parts;
+    for (std::sregex_iterator it(lines[0].begin(), lines[0].end(), statement), end; it != end; ++it) parts.push_back((*it)[0]);
+    std::string rejoined;
+    for (const auto& p : parts) rejoined += (rejoined.empty() ? "" : " ") + p;
+    if (rejoined != lines[0]) continue;
+    ASSERT_EQ(std::set<std::string>(lines.begin(), lines.end()).size(), 1u) << text.substr(0, 300);
+    EXPECT_GE(lines.size() * (lines[0].size() + 1), 400u - 160u);
+    sentence_counts.insert(parts.size());
+    ++noise;
+  }
+  EXPECT_GT(noise, 150);
+  EXPECT_LT(noise, 250);
+  EXPECT_EQ(sentence_counts, (std::set<size_t>{2, 3, 4, 5, 6}));
+  o.noise_fraction = 1.5;
+  EXPECT_THROW(retrieval_episode(a, english_like_sentence, o), Error);
+}
+
 // Training keys are held out from the evaluation's.
 TEST(RetrievalEpisodes, TrainingKeysAreNotEvaluationKeys) {
   for (const auto& w : training_key_adjectives())

@@ -30,6 +30,17 @@ std::string question_line(bool uuid, const std::string& key) {
 
 }  // namespace
 
+std::string short_statement(std::mt19937_64& rng) {
+  static const std::vector<std::string> things = {"river", "road", "hill", "wind", "rain", "field", "tree", "stone",
+                                                  "sea", "moon", "night", "bread", "snow", "path", "lake", "fire"};
+  static const std::vector<std::string> states = {"wide", "long", "calm", "old", "quiet", "warm", "cold", "bright",
+                                                  "dark", "soft", "still", "deep", "high", "low", "near", "far"};
+  static const std::vector<std::string> phrases = {"Here we are.", "On and on it goes.", "Off we go again.",
+                                                   "So it goes.", "Round and round.", "Up and down we went."};
+  if (rng() % 4 == 0) return phrases[rng() % phrases.size()] + " ";
+  return "The " + things[rng() % things.size()] + " is " + states[rng() % states.size()] + ". ";
+}
+
 const std::vector<std::string>& training_key_adjectives() {
   static const std::vector<std::string> w = {"red",    "green",  "blue",   "yellow", "black", "white",
                                              "silver", "brown",  "purple", "orange", "grey",  "pink",
@@ -47,10 +58,13 @@ const std::vector<std::string>& training_key_nouns() {
 std::string retrieval_episode(std::mt19937_64& rng, const SentenceSource& filler, const RetrievalEpisodeOptions& o) {
   if (o.key_adjectives.empty() || o.key_nouns.empty()) throw Error("retrieval episodes: no key words given");
   if (o.max_needles < 1 || o.max_questions < 1 || o.paragraph_sentences < 1 || o.min_chars < 0 ||
-      o.max_chars < o.min_chars)
-    throw Error("retrieval episodes: needles, questions and paragraph sentences must be >= 1 and "
-                "0 <= min_chars <= max_chars");
-  const auto layout = static_cast<Layout>(rng() % 3);
+      o.max_chars < o.min_chars || !(o.noise_fraction >= 0 && o.noise_fraction <= 1))
+    throw Error("retrieval episodes: needles, questions and paragraph sentences must be >= 1, "
+                "0 <= min_chars <= max_chars and 0 <= noise_fraction <= 1");
+  auto layout = static_cast<Layout>(rng() % 3);
+  // Drawn only when asked for, so that episodes without noise stay as they were.
+  const bool noise = o.noise_fraction > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < o.noise_fraction;
+  if (noise) layout = Layout::repeat;
   const bool uuid = std::uniform_real_distribution<double>(0, 1)(rng) < o.uuid_fraction;
   const int64_t budget = o.min_chars + static_cast<int64_t>(rng() % static_cast<uint64_t>(o.max_chars - o.min_chars + 1));
 
@@ -58,7 +72,9 @@ std::string retrieval_episode(std::mt19937_64& rng, const SentenceSource& filler
   std::vector<std::string> units;
   int64_t chars = 0;
   if (layout == Layout::repeat) {
-    const std::string p = paragraph(rng, filler, o.paragraph_sentences);
+    const SentenceSource statements = short_statement;
+    const std::string p = noise ? paragraph(rng, statements, 2 + static_cast<int64_t>(rng() % 5))
+                                : paragraph(rng, filler, o.paragraph_sentences);
     const int64_t n = std::max<int64_t>(1, budget / std::max<int64_t>(1, static_cast<int64_t>(p.size()) + 1));
     units.assign(n, p);
   } else {

@@ -12,6 +12,9 @@
 //   essay   sentences joined by spaces, needles between sentences
 //   lines   paragraphs of a few sentences, one per line, each needle a line of its own
 //   repeat  one paragraph repeated on every line, each needle a line of its own (S-NIAH-1's layout)
+// A share of episodes (noise_fraction) instead repeat a paragraph of 2-6 short statements of our own
+// ("The river is wide. Here we are."), the kind of filler S-NIAH-1 repeats: a model that has only seen
+// long repeated paragraphs loses the needle among dozens of short "X is Y." lines.
 // Keys come from the caller's word lists: training text should use lists other than the evaluation's
 // (niah_key_adjectives / niah_key_nouns) so that its facts are held out.
 #pragma once
@@ -29,6 +32,7 @@ struct RetrievalEpisodeOptions {
   int64_t max_questions = 2;                  // 1 .. min(needles, max_questions) questions
   int64_t paragraph_sentences = 3;            // sentences per paragraph (lines, repeat)
   double uuid_fraction = 0.0;                 // share of episodes with UUID values instead of numbers
+  double noise_fraction = 0.0;                // share of episodes with repeated short statements as filler
   std::vector<std::string> key_adjectives, key_nouns;
 };
 
@@ -38,6 +42,9 @@ using SentenceSource = std::function<std::string(std::mt19937_64&)>;
 // evaluation's lists do not contain).
 const std::vector<std::string>& training_key_adjectives();
 const std::vector<std::string>& training_key_nouns();
+
+// One short statement of the noise filler ("The river is wide." or "Here we are."), ending in a space.
+std::string short_statement(std::mt19937_64& rng);
 
 // One episode, deterministic in rng.
 std::string retrieval_episode(std::mt19937_64& rng, const SentenceSource& filler, const RetrievalEpisodeOptions& options);

@@ -39,7 +39,7 @@ const std::vector<std::string>& keys_of(const std::string& generator) {
   static const std::vector<std::string> drills = {"generator", "weight", "max_values", "max_filler"};
   static const std::vector<std::string> episodes = {"generator", "weight", "filler", "min_chars", "max_chars",
                                                     "max_needles", "max_questions", "paragraph_sentences",
-                                                    "uuid_fraction"};
+                                                    "uuid_fraction", "noise_fraction"};
   if (generator.empty()) return path;
   if (generator == "copy_drills") return drills;
   return generator == "english_like" ? english : episodes;
@@ -124,6 +124,7 @@ RetrievalEpisodeOptions episode_options(const nlohmann::json& o, const std::stri
     e.max_questions = o.value("max_questions", e.max_questions);
     e.paragraph_sentences = o.value("paragraph_sentences", e.paragraph_sentences);
     e.uuid_fraction = o.value("uuid_fraction", e.uuid_fraction);
+    e.noise_fraction = o.value("noise_fraction", e.noise_fraction);
   } catch (const nlohmann::json::exception& x) {
     throw Error(where + ": wrong type in " + o.dump() + ": " + x.what());
   }

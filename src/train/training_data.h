@@ -13,7 +13,8 @@
 //                        max_values (4), max_filler (English-like sentences between the lists, 0)
 //   retrieval_episodes   RULER-form retrieval episodes (data/retrieval_episodes.h); keys: filler
 //                        ("english_like", or a text file whose sentences are drawn in runs), min_chars,
-//                        max_chars, max_needles, max_questions, paragraph_sentences, uuid_fraction
+//                        max_chars, max_needles, max_questions, paragraph_sentences, uuid_fraction,
+//                        noise_fraction
 // Each row of a batch comes from one source, drawn by weight with a hash of (seed, row), and each source
 // serves its windows in its own shuffled order; the position (rows served, windows taken per source) is
 // what a checkpoint stores. The distillation stages split every file source into disjoint parts by
