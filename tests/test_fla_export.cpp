@@ -214,3 +214,28 @@ TEST(FlaExport, ImportingAnExportGivesTheSameModel) {
     EXPECT_LT(test::rel_err(b->forward(ids), a->forward(ids)), 1e-6);
   }
 }
+
+// `export --reference-logits N`: seeded ids and our logits for them beside the export, for checking the
+// load where fla runs (scripts/check_fla_export.py); bad counts are refused before anything is written.
+TEST(FlaExport, ReferenceLogitsAreTheStudentsOwn) {
+  const std::string dir = student_folder("ref_logits", MixerKind::gated_deltanet);
+  const std::string out = test::fresh_dir("fla_export", "ref_logits_out");
+  std::filesystem::remove_all(out);
+  auto r = test::run_tool("export --format fla --reference-logits 17 " + dir + " " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const WeightStore store(out + "/reference_logits.safetensors");
+  const auto ids = store.get("input_ids"), logits = store.get("logits");
+  ASSERT_EQ(ids.sizes(), (std::vector<int64_t>{2, 17}));
+  auto model = load_model(dir);
+  ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{2, 17, model->config.vocab_size}));
+  EXPECT_GE(ids.min().item<int64_t>(), 0);
+  EXPECT_LT(ids.max().item<int64_t>(), model->config.vocab_size);
+  torch::NoGradGuard ng;
+  EXPECT_LT(test::rel_err(logits, model->forward(ids)), 1e-6);
+  const std::string bad = test::fresh_dir("fla_export", "ref_logits_bad");
+  std::filesystem::remove_all(bad);
+  r = test::run_tool("export --format fla --reference-logits -3 " + dir + " " + bad);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--reference-logits"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(bad));
+}

@@ -1,0 +1,71 @@
+"""Checks folders written by `linearize export --format fla --reference-logits N` against
+flash-linear-attention itself: each folder is loaded with transformers' AutoModelForCausalLM after
+`import fla` (fla's model classes register there), run on the folder's reference input_ids, and its
+logits compared with ours (reference_logits.safetensors, fp32 on the CPU).
+
+    python3 scripts/check_fla_export.py [--fla-path SRC] [--dtype bfloat16,float32] [--json OUT] DIR...
+
+Prints one line per folder and dtype: fla's model_type, the largest absolute logit difference, the
+relative error ||fla - ours|| / ||ours||, and whether the greedy next tokens agree; exits 1 when a
+relative error exceeds its tolerance (bf16 3e-2, fp32 2e-3: fla's kernels run tf32 dots in fp32).
+Needs torch, transformers, safetensors, triton and a CUDA device (fla's kernels are Triton).
+"""
+import argparse
+import json
+import os
+import sys
+
+TOLERANCE = {"bfloat16": 3e-2, "float32": 2e-3}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("dirs", nargs="+", help="exported folders")
+    ap.add_argument("--fla-path", default="", help="folder holding fla's source package (fla/), put on sys.path")
+    ap.add_argument("--dtype", default="bfloat16,float32", help="comma-separated dtypes to run fla in")
+    ap.add_argument("--json", default="", help="also write the figures as JSON to this file")
+    args = ap.parse_args()
+    if args.fla_path:
+        sys.path.insert(0, args.fla_path)
+
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+    import fla  # noqa: F401  registers fla's configs and models with transformers' Auto classes
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    results, failed = [], False
+    for d in args.dirs:
+        ref = load_file(os.path.join(d, "reference_logits.safetensors"))
+        ids, ours = ref["input_ids"].cuda(), ref["logits"].double()
+        model_type = json.load(open(os.path.join(d, "config.json")))["model_type"]
+        for name in args.dtype.split(","):
+            dtype = getattr(torch, name)
+            row = {"folder": d, "model_type": model_type, "dtype": name}
+            try:
+                model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=dtype).cuda().eval()
+                with torch.no_grad():
+                    theirs = model(input_ids=ids).logits.double().cpu()
+                diff = theirs - ours
+                row.update(max_abs=diff.abs().max().item(), rel=(diff.norm() / ours.norm()).item(),
+                           argmax_agree=(theirs.argmax(-1) == ours.argmax(-1)).double().mean().item(),
+                           fla_version=fla.__version__, transformers=transformers.__version__)
+                row["ok"] = row["rel"] <= TOLERANCE.get(name, 3e-2)
+            except Exception as e:  # a folder fla cannot load is a failure to report, not a crash
+                row.update(ok=False, error=f"{type(e).__name__}: {e}")
+            failed |= not row["ok"]
+            results.append(row)
+            if "error" in row:
+                print(f"{d}  {model_type:16s} {name:9s}  FAILED  {row['error']}", flush=True)
+            else:
+                print(f"{d}  {model_type:16s} {name:9s}  max|diff| {row['max_abs']:.3e}  rel {row['rel']:.3e}  "
+                      f"argmax agree {100 * row['argmax_agree']:.1f}%  {'ok' if row['ok'] else 'OVER TOLERANCE'}",
+                      flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
