@@ -31,7 +31,8 @@ def main():
     import torch
     import transformers
     from safetensors.torch import load_file
-    import fla  # noqa: F401  registers fla's configs and models with transformers' Auto classes
+    import fla
+    import fla.models  # noqa: F401  registers fla's models with transformers' Auto classes, loudly if it cannot
 
     torch.backends.cuda.matmul.allow_tf32 = False
     results, failed = [], False
