@@ -56,6 +56,17 @@ Shapes fla_shapes(const json& j) {
     s[p + "mlp.up_proj.weight"] = {I, H};
     s[p + "mlp.down_proj.weight"] = {H, I};
     const std::string a = p + "attn.";
+    const json& spec = j["attn"];
+    if (!spec.is_null() && std::count(spec["layers"].begin(), spec["layers"].end(), json(i))) {
+      // fla/layers/attn.py Attention: head_dim = hidden / num_heads; biases on q, k, v when qkv_bias.
+      const int64_t nh = spec["num_heads"], kv = spec["num_kv_heads"].get<int64_t>() * (H / nh);
+      s[a + "q_proj.weight"] = {H, H};
+      s[a + "k_proj.weight"] = {kv, H};
+      s[a + "v_proj.weight"] = {kv, H};
+      s[a + "o_proj.weight"] = {H, H};
+      if (spec["qkv_bias"].get<bool>()) s[a + "q_proj.bias"] = {H}, s[a + "k_proj.bias"] = {kv}, s[a + "v_proj.bias"] = {kv};
+      continue;
+    }
     auto convs = [&](int64_t q, int64_t k, int64_t v) {  // depthwise, [C, 1, K], no bias
       s[a + "q_conv1d.weight"] = {q, 1, K};
       s[a + "k_conv1d.weight"] = {k, 1, K};
@@ -180,7 +191,6 @@ TEST(FlaExport, WhatFlaCannotExpressIsRefused) {
     return std::string("(exported)");
   };
   EXPECT_NE(reason(student_folder("mlstm", MixerKind::mlstm)).find("fla has no mLSTM"), std::string::npos);
-  EXPECT_NE(reason(student_folder("hybrid", MixerKind::gla, {1})).find("hybrid"), std::string::npos);
 
   EXPECT_NE(reason(student_folder("retnet_base", MixerKind::retnet, {}, false, 5e5)).find("base 10000"), std::string::npos);
   // The paper preset's KDA gate is full rank and its linear attention has short convolutions.
@@ -238,4 +248,57 @@ TEST(FlaExport, ReferenceLogitsAreTheStudentsOwn) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--reference-logits"), std::string::npos) << r.out;
   EXPECT_FALSE(std::filesystem::exists(bad));
+}
+
+// Hybrids: the softmax layers a hybrid keeps become fla's `attn` spec and its names; a round trip through
+// import gives the same model, for a Llama teacher and a Mistral one with a window; what fla's Attention
+// cannot hold is refused.
+TEST(FlaExport, HybridsKeepTheirSoftmaxLayersAsFlasAttn) {
+  for (const bool mistral : {false, true}) {
+    SCOPED_TRACE(mistral ? "mistral" : "llama");
+    torch::manual_seed(5);
+    auto c = teacher_config(false, 5e5);
+    if (mistral) c.architecture = Architecture::mistral, c.sliding_window = 7, c.raw["architectures"] = {"MistralForCausalLM"};
+    CausalLM teacher(c);
+    init_weights_normal(*teacher, 0.1);
+    auto spec = StudentSpec::make(MixerKind::gated_deltanet, "default", {1}, teacher->config);
+    auto student = build_student(teacher, spec);
+    const std::string dir = test::fresh_dir("fla_export", mistral ? "hybrid_mistral" : "hybrid");
+    save_student(student, spec, dir, "");
+    const std::string out = dir + "_fla", back = dir + "_back";
+    std::filesystem::remove_all(out), std::filesystem::remove_all(back);
+    export_fla(dir, out);
+    const auto j = json::parse(std::ifstream(out + "/config.json"));
+    const json attn = {{"layers", {0}}, {"num_heads", 4}, {"num_kv_heads", 2}, {"qkv_bias", false},
+                       {"window_size", mistral ? json(7) : json()}, {"rope_theta", 5e5}};
+    EXPECT_EQ(j["attn"], attn);
+    Shapes got;
+    WeightStore store(out);
+    for (const auto& n : store.names()) got[n] = store.info(n).shape;
+    EXPECT_EQ(got, fla_shapes(j));
+    WeightStore ours(dir);
+    EXPECT_TRUE(torch::equal(store.get("model.layers.0.attn.k_proj.weight"), ours.get("model.layers.0.self_attn.k_proj.weight")));
+    import_fla(out, back);
+    auto a = load_model(dir), b = load_model(back);
+    EXPECT_EQ(b->config.sliding_window, mistral ? 7 : 0);
+    EXPECT_EQ(b->config.rope_theta, 5e5);
+    EXPECT_EQ(b->config.raw["linearize"]["layers"], json({1}));
+    torch::NoGradGuard ng;
+    auto ids = torch::randint(0, 97, {2, 21}, torch::kLong);  // longer than the window
+    EXPECT_LT(test::rel_err(b->forward(ids), a->forward(ids)), 1e-6);
+  }
+  // A head_dim other than hidden / heads (as Qwen3 allows) cannot be fla's Attention.
+  auto c = teacher_config(false, 1e4);
+  c.head_dim = 32;  // 4 x 32 = 128 != hidden 64
+  CausalLM teacher(c);
+  auto spec = StudentSpec::make(MixerKind::deltanet, "default", {0}, teacher->config);
+  auto student = build_student(teacher, spec);
+  const std::string dir = test::fresh_dir("fla_export", "hybrid_wide_heads");
+  save_student(student, spec, dir, "");
+  try {
+    fla_config(dir);
+    ADD_FAILURE() << "a hybrid with head_dim 32 x 4 heads over hidden 64 was exported";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim"), std::string::npos) << e.what();
+  }
 }

@@ -35,7 +35,8 @@ int cmd_export(const std::vector<std::string>& argv) {
   CommandSpec spec{"export",
                    "Write a student as a Hugging Face folder another library loads. --format fla: flash-linear-\n"
                    "attention's model classes (its config.json and parameter names), for students of the six\n"
-                   "mixers fla has (not mLSTM); whatever fla cannot express is refused with the reason, never changed.",
+                   "mixers fla has (not mLSTM), hybrids as fla's \"attn\" layers (fla needs flash-attn for them);\n"
+                   "whatever fla cannot express is refused with the reason, never changed.",
                    "STUDENT_DIR OUT",
                    "After `import fla.models`, transformers' AutoModelForCausalLM.from_pretrained(OUT) loads it.",
                    {{"format", "NAME", "the target: fla", "fla"},
@@ -60,8 +61,8 @@ int cmd_export(const std::vector<std::string>& argv) {
 int cmd_import(const std::vector<std::string>& argv) {
   CommandSpec spec{"import",
                    "Read another library's model folder as a student folder. --format fla: a flash-linear-\n"
-                   "attention model (linear_attn, retnet, gla, delta_net, gated_deltanet, kda) without hybrid\n"
-                   "layers; settings our mixers lack are refused with the reason.",
+                   "attention model (linear_attn, retnet, gla, delta_net, gated_deltanet, kda), hybrids (one \"attn\"\n"
+                   "spec) included; settings our mixers lack are refused with the reason.",
                    "FLA_DIR OUT",
                    "The student folder works with every command that reads a student (generate, eval, serve, distill).",
                    {{"format", "NAME", "the source: fla", "fla"}},

@@ -1,6 +1,7 @@
 // The fla export (see fla_export.h).
 #include "model/fla_export.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -79,13 +80,36 @@ void write_renamed(const std::string& from, const std::string& to, const Renames
   copy_tokenizer_files(from, to);
 }
 
+// The layers a hybrid keeps as softmax attention, as fla's `attn` spec: fla's Attention derives head_dim
+// from hidden / num_heads, has no q/k norms, no o_proj bias and plain RoPE; its window_size w sees the
+// query and w - 1 positions before, as our sliding_window does.
+template <class Refuse>
+json hybrid_attention(const LlamaConfig& c, const StudentSpec& spec, const Refuse& refuse) {
+  std::vector<int64_t> kept;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    if (std::find(spec.layers.begin(), spec.layers.end(), i) == spec.layers.end()) kept.push_back(i);
+  if (c.head_dim * c.num_attention_heads != c.hidden_size)
+    refuse("the attention layers have head_dim " + std::to_string(c.head_dim) + " x " +
+           std::to_string(c.num_attention_heads) + " heads != hidden " + std::to_string(c.hidden_size) +
+           "; fla's hybrid attention derives head_dim from hidden / num_heads");
+  if (c.qk_norm) refuse("the attention layers have q/k norms (Qwen3); fla's hybrid attention has none");
+  if (c.o_bias) refuse("the attention layers have an o_proj bias; fla's hybrid attention has none");
+  if (c.rope_scaling.type != "default")
+    refuse("the attention layers use " + c.rope_scaling.type + " RoPE scaling; fla's hybrid attention has plain RoPE");
+  return {{"layers", kept},
+          {"num_heads", c.num_attention_heads},
+          {"num_kv_heads", c.num_key_value_heads},
+          {"qkv_bias", c.qkv_bias},
+          {"window_size", c.sliding_window > 0 ? json(c.sliding_window) : json()},
+          {"rope_theta", c.rope_theta}};
+}
+
 json fla_config_of(const Student& student, const std::string& dir) {
   const auto& [c, spec] = student;
   const auto& m = spec.mixer_config;
   const std::string kind = to_string(m.kind);
   auto refuse = [&](const std::string& why) { throw Error(dir + ": cannot export to fla: " + why); };
   if (m.kind == MixerKind::mlstm) refuse("fla has no mLSTM model");
-  if (!spec.layers.empty()) refuse("hybrid students (softmax attention kept in some layers) are not supported");
   if (m.qkv_bias || m.o_bias) refuse("the mixer has attention biases (carried from the teacher); fla's layers have none");
   if (m.qk_norm) refuse("the mixer has per-head q/k norms (carried from a Qwen3 teacher); fla's layers have none");
   if (c.mlp_bias) refuse("the MLP has biases; fla's GatedMLP has none");
@@ -121,6 +145,7 @@ json fla_config_of(const Student& student, const std::string& dir) {
             {"torch_dtype", c.torch_dtype}};
   for (const auto& f : kFlaModels)
     if (f.kind == m.kind) j["model_type"] = f.model_type, j["architectures"] = {f.causal_lm};
+  if (!spec.layers.empty()) j["attn"] = hybrid_attention(c, spec, refuse);
   if (m.kind == MixerKind::gated_deltanet) {
     if (!m.use_beta) refuse("beta is off (use_beta false); fla's Gated DeltaNet always uses sigmoid(b_proj x)");
     j["head_dim"] = m.head_k_dim;
@@ -211,6 +236,8 @@ json export_fla(const std::string& dir, const std::string& out) {
       {std::regex(R"(^model\.layers\.(\d+)\.attn\.g_norm\.weight$)"),
        gated_norm ? "model.layers.$1.attn.g_norm_swish_gate.weight" : "model.layers.$1.attn.g_norm.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.attn\.(.+)$)"), "model.layers.$1.attn.$2"},
+      // A hybrid's softmax layers: fla's Attention sits under the same name as a mixer.
+      {std::regex(R"(^model\.layers\.(\d+)\.self_attn\.([qkvo])_proj\.(weight|bias)$)"), "model.layers.$1.attn.$2_proj.$3"},
       {std::regex(R"(^model\.norm\.weight$)"), "model.norm.weight"},
       {std::regex(R"(^lm_head\.weight$)"), "lm_head.weight"}};
   write_renamed(dir, out, renames, config, dir + ": cannot export to fla: no fla name for the tensor ", {{"format", "pt"}});
@@ -240,7 +267,6 @@ static void import_fla_checked(const std::string& dir, const std::string& path, 
     known += (known.empty() ? "" : ", ") + std::string(f.model_type);
   }
   if (!model) refuse("model_type \"" + type + "\" (expected one of " + known + ")");
-  if (j.contains("attn") && !j["attn"].is_null()) refuse("hybrid models (an \"attn\" section) are not supported");
   if (j.value("hidden_act", std::string("swish")) != "swish") refuse("hidden_act must be swish");
   const int64_t H = j.at("hidden_size").get<int64_t>(), heads = j.at("num_heads").get<int64_t>();
   MixerConfig m = MixerConfig::defaults_for(model->kind);
@@ -325,11 +351,36 @@ static void import_fla_checked(const std::string& dir, const std::string& path, 
   c.raw = {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}};
   StudentSpec spec;
   spec.mixer_config = m;
+  Renames renames;
+  if (j.contains("attn") && !j["attn"].is_null()) {  // a hybrid: fla's softmax layers become ours
+    const json& a = j["attn"];
+    if (!a.is_object()) refuse("\"attn\" as a list of several specs (one spec for all softmax layers is supported)");
+    const auto kept = a.at("layers").get<std::vector<int64_t>>();
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      if (std::find(kept.begin(), kept.end(), i) == kept.end()) spec.layers.push_back(i);
+    for (const int64_t i : kept) {
+      if (i < 0 || i >= c.num_hidden_layers) refuse("attn.layers holds " + std::to_string(i) + ", not a layer");
+      renames.push_back({std::regex("^model\\.layers\\." + std::to_string(i) + "\\.attn\\.([qkvo])_proj\\.(weight|bias)$"),
+                         "model.layers." + std::to_string(i) + ".self_attn.$1_proj.$2"});
+    }
+    if (spec.layers.empty()) refuse("attn.layers holds every layer: that is a softmax model, not a student");
+    c.num_attention_heads = a.at("num_heads").get<int64_t>();
+    c.num_key_value_heads = a.value("num_kv_heads", json()).is_null() ? c.num_attention_heads : a["num_kv_heads"].get<int64_t>();
+    if (H % c.num_attention_heads != 0) refuse("attn.num_heads does not divide hidden_size");
+    c.head_dim = H / c.num_attention_heads;
+    c.qkv_bias = a.value("qkv_bias", false);
+    c.sliding_window = a.value("window_size", json()).is_null() ? 0 : a["window_size"].get<int64_t>();
+    c.rope_theta = a.value("rope_theta", 10000.0);
+    // The family member that has these attention layers: q/k/v biases alone are Qwen2's, a window Mistral's.
+    if (c.qkv_bias && c.sliding_window > 0) refuse("attention with both qkv_bias and a window (no teacher of ours has both)");
+    c.architecture = c.qkv_bias ? Architecture::qwen2 : c.sliding_window > 0 ? Architecture::mistral : Architecture::llama;
+    c.raw = {{"architectures", {to_string(c.architecture)}}, {"model_type", model_type_of(c.architecture)}};
+  }
   nlohmann::json config = c.to_json();
   config["linearize"] = spec.to_json();
 
-  // fla's names back to ours.
-  const Renames renames = {
+  // fla's names back to ours (after a hybrid's softmax layers).
+  renames.insert(renames.end(), {
       {std::regex(R"(^model\.embeddings\.weight$)"), "model.embed_tokens.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.attn_norm\.weight$)"), "model.layers.$1.input_layernorm.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.mlp_norm\.weight$)"), "model.layers.$1.post_attention_layernorm.weight"},
@@ -337,7 +388,7 @@ static void import_fla_checked(const std::string& dir, const std::string& path, 
       {std::regex(R"(^model\.layers\.(\d+)\.attn\.g_norm_swish_gate\.weight$)"), "model.layers.$1.attn.g_norm.weight"},
       {std::regex(R"(^model\.layers\.(\d+)\.attn\.(.+)$)"), "model.layers.$1.attn.$2"},
       {std::regex(R"(^model\.norm\.weight$)"), "model.norm.weight"},
-      {std::regex(R"(^lm_head\.weight$)"), "lm_head.weight"}};
+      {std::regex(R"(^lm_head\.weight$)"), "lm_head.weight"}});
   write_renamed(dir, out, renames, config, path + ": cannot import from fla: no linearize name for the tensor ", {});
 }
 
