@@ -438,4 +438,43 @@ TEST(BpeTokenizer, NfcNormalizerAndTheFilesSplitRegex) {
   }
 }
 
+// Qwen's form of tokenizer.json on SmolLM2's vocabulary and merges, made the way
+// tests/golden/make_tokenizer_golden.py makes it, against Hugging Face tokenizers' ids for the same file
+// (tests/golden/qwen-form-tokenizer/cases.jsonl): NFC, Qwen's Split regex, ByteLevel, special tokens.
+TEST(BpeTokenizer, QwenFormMatchesHuggingFaceTokenizers) {
+  using json = nlohmann::json;
+  const std::string cases = test::source_dir() + "/tests/golden/qwen-form-tokenizer/cases.jsonl";
+  LINEARIZE_REQUIRE_PATH(smollm2_path());
+  ASSERT_TRUE(std::filesystem::exists(cases)) << cases;
+  json j = json::parse(std::ifstream(smollm2_path()));
+  j["normalizer"] = {{"type", "NFC"}};
+  j["pre_tokenizer"] = json::parse(R"({"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex":
+        "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+       "behavior": "Isolated", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}]})");
+  j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  j["post_processor"] = nullptr;
+  const std::string file = test::fresh_dir("tokenizer", "qwen_form_hf") + "/tokenizer.json";
+  std::ofstream(file) << j.dump();
+  auto tok = BpeTokenizer::from_tokenizer_json(file);
+  std::ifstream f(cases);
+  int matched = 0, n = 0, line_no = 0;
+  for (std::string line; std::getline(f, line);) {
+    ++line_no;
+    if (line.empty()) continue;
+    const json c = json::parse(line);
+    const std::string text = c.at("text");
+    SCOPED_TRACE("cases.jsonl:" + std::to_string(line_no) + " text: " + text);
+    const std::vector<int32_t> expected = ids_of(c.at("ids")), got = tok->encode(text);
+    EXPECT_EQ(got, expected);
+    EXPECT_EQ(tok->decode(expected), utf8::nfc(text));  // the normalizer composes; decoding gives that back
+    matched += got == expected;
+    ++n;
+  }
+  std::printf("[ golden ] qwen-form-tokenizer/cases.jsonl: %d/%d cases match\n", matched, n);
+  EXPECT_EQ(matched, n);
+  EXPECT_GE(n, 30);
+}
+
 }  // namespace linearize
