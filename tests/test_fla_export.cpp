@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 
+#include "io/atomic_file.h"
 #include "io/error.h"
 #include "io/safetensors.h"
 #include "model/fla_export.h"
@@ -230,7 +231,7 @@ TEST(FlaExport, ImportingAnExportGivesTheSameModel) {
 TEST(FlaExport, ReferenceLogitsAreTheStudentsOwn) {
   const std::string dir = student_folder("ref_logits", MixerKind::gated_deltanet);
   const std::string out = test::fresh_dir("fla_export", "ref_logits_out");
-  std::filesystem::remove_all(out);
+  remove_tree(out);
   auto r = test::run_tool("export --format fla --reference-logits 17 " + dir + " " + out);
   ASSERT_EQ(r.code, 0) << r.out;
   const WeightStore store(out + "/reference_logits.safetensors");
@@ -243,7 +244,7 @@ TEST(FlaExport, ReferenceLogitsAreTheStudentsOwn) {
   torch::NoGradGuard ng;
   EXPECT_LT(test::rel_err(logits, model->forward(ids)), 1e-6);
   const std::string bad = test::fresh_dir("fla_export", "ref_logits_bad");
-  std::filesystem::remove_all(bad);
+  remove_tree(bad);
   r = test::run_tool("export --format fla --reference-logits -3 " + dir + " " + bad);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--reference-logits"), std::string::npos) << r.out;
@@ -266,7 +267,7 @@ TEST(FlaExport, HybridsKeepTheirSoftmaxLayersAsFlasAttn) {
     const std::string dir = test::fresh_dir("fla_export", mistral ? "hybrid_mistral" : "hybrid");
     save_student(student, spec, dir, "");
     const std::string out = dir + "_fla", back = dir + "_back";
-    std::filesystem::remove_all(out), std::filesystem::remove_all(back);
+    remove_tree(out), remove_tree(back);
     export_fla(dir, out);
     const auto j = json::parse(std::ifstream(out + "/config.json"));
     const json attn = {{"layers", {0}}, {"num_heads", 4}, {"num_kv_heads", 2}, {"qkv_bias", false},

@@ -356,7 +356,7 @@ TEST(Llama, ConfigTokenizerAndShardsCheckedBeforeLoading) {
     });
     expect_error("expected a file name in the model's folder", [&] { load_model(dir); });
   }
-  fs::remove_all(dir);
+  linearize::remove_tree(dir);
 }
 
 // The real tiny Llama from llama2.c: greedy generation from BOS reproduces llama2.c's text, and the

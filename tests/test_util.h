@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "io/atomic_file.h"
 #include "io/hf_config.h"
 #include "io/tokenizer_sentencepiece.h"
 #include "ops/ops.h"
@@ -64,7 +65,7 @@ inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
 // An empty folder <tmp>/linearize_<suite>_<pid>/<name> (removed first if a run left it behind).
 inline std::string fresh_dir(const std::string& suite, const std::string& name) {
   auto d = std::filesystem::temp_directory_path() / ("linearize_" + suite + "_" + std::to_string(::getpid())) / name;
-  std::filesystem::remove_all(d);
+  linearize::remove_tree(d.string());
   std::filesystem::create_directories(d);
   return d.string();
 }

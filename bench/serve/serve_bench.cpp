@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "cli/host_memory.h"
+#include "io/atomic_file.h"
 #include "compat/device.h"
 #include "io/tokenizer.h"
 #include "io/tokenizer_bpe.h"
@@ -115,7 +116,7 @@ std::shared_ptr<const Tokenizer> byte_tokenizer() {
   vocab.push_back(space + "t");  // one merge: the format wants at least one
   write_tokenizer_json((dir / "tokenizer.json").string(), vocab, {{space, "t"}}, added, false);
   auto tok = load_tokenizer(dir.string());
-  fs::remove_all(dir);
+  remove_tree(dir.string());
   return tok;
 }
 
