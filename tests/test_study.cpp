@@ -51,9 +51,25 @@ TEST(Study, TinyGridEndToEnd) {
   const auto spec = parse_study(tiny_study(), "tiny.json", out);
   StudyOptions o;
   o.out = out;
+  testing::internal::CaptureStderr();
   const auto outcome = run_study(spec, o);
+  const std::string log = testing::internal::GetCapturedStderr();
   ASSERT_TRUE(outcome.finished);
   EXPECT_EQ(outcome.expected, 8);
+  // Progress: each cell says what is left of the grid, timed by the cells of the same teacher so far.
+  for (const char* line : {"cell 1/4 small__gla__default__s0: distilling 10240 tokens (1 budgets branch off) [",
+                           "cell 2/4 small__gated_deltanet__default__s0:", "cell 3/4 large__gla__default__s0:",
+                           "cell 4/4 large__gated_deltanet__default__s0:"})
+    EXPECT_NE(log.find(line), std::string::npos) << line << "\n" << log;
+  auto eta_of = [&](int n) {
+    const size_t at = log.find("cell " + std::to_string(n) + "/4 ");
+    return at == std::string::npos ? std::string() : log.substr(log.find(" so far", at), log.find(']', at) - log.find(" so far", at));
+  };
+  EXPECT_EQ(eta_of(1), " so far; 4 cells left");
+  EXPECT_EQ(eta_of(2).rfind(" so far; 3 cells left, about ", 0), 0u) << eta_of(2);
+  EXPECT_NE(eta_of(2).find(" min for 1 of them"), std::string::npos) << eta_of(2);  // the other two: large's
+  EXPECT_EQ(eta_of(3), " so far; 2 cells left");  // the first cell of a teacher not timed yet
+  EXPECT_EQ(eta_of(4).rfind(" so far; 1 cell left, about ", 0), 0u) << eta_of(4);
   const auto results = results_in(out);
   ASSERT_EQ(results.size(), 8u);
   for (const auto& [file, r] : results) {

@@ -82,7 +82,13 @@ class Runner {
         int64_t n = 0;
         for (const auto& c : cells) {
           ++n;
-          run_cell(c, n, static_cast<int64_t>(cells.size()));
+          const auto start = Clock::now();
+          const bool worked = !cell_done(c);
+          run_cell(c, n, static_cast<int64_t>(cells.size()), time_left(cells, n));
+          if (worked) {
+            auto& [seconds, count] = cell_seconds_[c.teacher];
+            seconds += std::chrono::duration<double>(Clock::now() - start).count(), ++count;
+          }
         }
       } catch (const OutOfTime&) {
         say("stopped after " + minutes(elapsed()) + " (--max-minutes); run the same command again to continue");
@@ -104,6 +110,29 @@ class Runner {
     if (deadline_ && Clock::now() >= *deadline_) throw OutOfTime{};
   }
   std::string result_path(const std::string& id) const { return (fs::path(out_) / "results" / (id + ".json")).string(); }
+  bool cell_done(const StudyCell& c) const {
+    return std::all_of(spec_.budgets.begin(), spec_.budgets.end(),
+                       [&](int64_t b) { return fs::exists(result_path(c.budget_id(b))); });
+  }
+  // The grid's ETA at cell `n` (1-based): the cells not done from n on, at the mean time a cell of the
+  // same teacher took so far in this run; cells of a teacher with none timed yet are counted, not timed.
+  std::string time_left(const std::vector<StudyCell>& cells, int64_t n) const {
+    double seconds = 0;
+    int64_t timed = 0, untimed = 0;
+    for (size_t i = static_cast<size_t>(n - 1); i < cells.size(); ++i) {
+      if (cell_done(cells[i])) continue;
+      const auto it = cell_seconds_.find(cells[i].teacher);
+      if (it == cell_seconds_.end()) {
+        ++untimed;
+      } else {
+        seconds += it->second.first / static_cast<double>(it->second.second), ++timed;
+      }
+    }
+    if (timed + untimed == 0) return "";
+    std::string s = "; " + std::to_string(timed + untimed) + (timed + untimed == 1 ? " cell left" : " cells left");
+    if (timed) s += ", about " + minutes(seconds) + (untimed ? " for " + std::to_string(timed) + " of them" : "");
+    return s;
+  }
   std::string teacher_dir(const StudyTeacher& t) const {
     return t.pretrain ? (fs::path(out_) / "teachers" / t.name).string() : t.path;
   }
@@ -324,8 +353,8 @@ class Runner {
     d.loop.seed = c.seed;
     d.loop.device = device_;
     d.loop.resume = true;
-    d.loop.log_every = 1000000;
     d.loop.deadline = deadline_;
+    d.loop.log_every = std::max<int64_t>(50, stage3_steps(d) / 5);  // about five progress lines (tokens/s, ETA) a stage
     return d;
   }
 
@@ -334,7 +363,7 @@ class Runner {
     return std::max<int64_t>(1, static_cast<int64_t>(d.tokens * d.splits[2] / sum) / (d.loop.batch * d.seq_len));
   }
 
-  void run_cell(const StudyCell& c, int64_t n, int64_t total) {
+  void run_cell(const StudyCell& c, int64_t n, int64_t total, const std::string& eta) {
     std::vector<int64_t> todo;
     for (int64_t b : spec_.budgets)
       if (!fs::exists(result_path(c.budget_id(b)))) todo.push_back(b);
@@ -358,7 +387,7 @@ class Runner {
     for (const auto& [b, step] : branches) main.loop.snapshot_steps.push_back(step);
     say("cell " + std::to_string(n) + "/" + std::to_string(total) + " " + c.id() + ": distilling " +
         std::to_string(top) + " tokens" + (branches.empty() ? "" : " (" + std::to_string(branches.size()) + " budgets branch off)") +
-        " [" + minutes(elapsed()) + " so far]");
+        " [" + minutes(elapsed()) + " so far" + eta + "]");
     if (!is_model_folder(run)) {
       if (!distill(main).finished) throw OutOfTime{};
     }
@@ -422,6 +451,7 @@ class Runner {
   StudyOptions o_;
   Clock::time_point t0_;
   std::optional<Clock::time_point> deadline_;
+  std::map<const StudyTeacher*, std::pair<double, int64_t>> cell_seconds_;  // per teacher: seconds, cells timed
   std::string out_, data_, ppl_data_, tokenizer_;
   std::map<std::string, std::string> heads_;  // a held-out text file (canonical path) -> its training head
   torch::Device device_ = torch::kCPU;
