@@ -83,8 +83,8 @@ void write_renamed(const std::string& from, const std::string& to, const Renames
 // The layers a hybrid keeps as softmax attention, as fla's `attn` spec: fla's Attention derives head_dim
 // from hidden / num_heads, has no q/k norms, no o_proj bias and plain RoPE; its window_size w sees the
 // query and w - 1 positions before, as our sliding_window does.
-template <class Refuse>
-json hybrid_attention(const LlamaConfig& c, const StudentSpec& spec, const Refuse& refuse) {
+json hybrid_attention(const LlamaConfig& c, const StudentSpec& spec, const std::string& dir) {
+  auto refuse = [&](const std::string& why) { throw Error(dir + ": cannot export to fla: " + why); };
   std::vector<int64_t> kept;
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
     if (std::find(spec.layers.begin(), spec.layers.end(), i) == spec.layers.end()) kept.push_back(i);
@@ -145,7 +145,7 @@ json fla_config_of(const Student& student, const std::string& dir) {
             {"torch_dtype", c.torch_dtype}};
   for (const auto& f : kFlaModels)
     if (f.kind == m.kind) j["model_type"] = f.model_type, j["architectures"] = {f.causal_lm};
-  if (!spec.layers.empty()) j["attn"] = hybrid_attention(c, spec, refuse);
+  if (!spec.layers.empty()) j["attn"] = hybrid_attention(c, spec, dir);
   if (m.kind == MixerKind::gated_deltanet) {
     if (!m.use_beta) refuse("beta is off (use_beta false); fla's Gated DeltaNet always uses sigmoid(b_proj x)");
     j["head_dim"] = m.head_k_dim;
