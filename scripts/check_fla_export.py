@@ -10,7 +10,9 @@ relative error ||fla - ours|| / ||ours||, and whether the greedy next tokens agr
 relative error exceeds its tolerance (bf16 3e-2; fp32 2e-3, where fla runs in fp32 at all: its chunked
 delta-rule kernels refuse it). The first call of each of fla's Triton kernels compiles and autotunes it,
 so allow a few minutes.
-Needs torch, transformers, safetensors, triton and a CUDA device (fla's kernels are Triton).
+Needs torch, transformers, safetensors, triton and a CUDA device (fla's kernels are Triton). Where
+flash-attn is missing, the softmax layers of hybrids run on a stand-in over PyTorch's SDPA (same causal
+window), which checks the exported layout but not flash-attn itself.
 """
 import argparse
 import json
@@ -19,6 +21,24 @@ import sys
 import traceback
 
 TOLERANCE = {"bfloat16": 3e-2, "float32": 2e-3}
+
+
+def sdpa_flash_attn_func(q, k, v, causal=True, window_size=(-1, -1), softmax_scale=None, **_):
+    """A stand-in for flash-attn's flash_attn_func on PyTorch's SDPA, for a machine without flash-attn:
+    q [B, T, H, D], k and v [B, S, Hkv, D] (H a multiple of Hkv), causal aligned to the last key as
+    flash-attn does, window (left, 0) letting a query see itself and `left` keys before it."""
+    import torch
+    import torch.nn.functional as F
+    T, S, groups = q.shape[1], k.shape[1], q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
+    i = torch.arange(T, device=q.device)[:, None] + (S - T)
+    j = torch.arange(S, device=q.device)[None, :]
+    allowed = j <= i if causal else torch.ones(T, S, dtype=torch.bool, device=q.device)
+    if window_size[0] >= 0:
+        allowed = allowed & (j >= i - window_size[0])
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=allowed, scale=softmax_scale)
+    return o.transpose(1, 2)
 
 
 def tie_keys_as_transformers5_reads_them(fla_models):
@@ -49,6 +69,10 @@ def main():
 
     if int(transformers.__version__.split(".")[0]) >= 5:
         tie_keys_as_transformers5_reads_them(fla.models)
+    import fla.layers.attn
+    if fla.layers.attn.flash_attn_func is None:  # hybrids' softmax layers need it; say what stands in
+        print("flash-attn is not installed: hybrids' softmax layers run on a stand-in over PyTorch's SDPA", flush=True)
+        fla.layers.attn.flash_attn_func = sdpa_flash_attn_func
 
     torch.backends.cuda.matmul.allow_tf32 = False
     results, failed = [], False
