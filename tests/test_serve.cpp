@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "infer/generate.h"
+#include "io/error.h"
 #include "io/tokenizer.h"
 #include "model/model_io.h"
 #include "model/student.h"
@@ -95,6 +96,54 @@ TEST(BatchedDecode, RowsAtDifferentPositionsMatchEachRowAlone) {
   }
 }
 
+// Prompts prefilled together (a shared batch of the first P tokens, then each tail alone) give each
+// prompt's own logits and a state that decodes on as the prompt's own does, for the teacher, every mixer
+// and a hybrid.
+TEST(BatchedDecode, PromptsPrefilledTogetherMatchEachPromptAlone) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::string> models = {"teacher", "hybrid"};
+  for (const auto& k : mixer_kinds()) models.push_back(k);
+  for (const auto& name : models) {
+    SCOPED_TRACE(name);
+    CausalLM model = name == "hybrid" ? tiny_teacher(11) : tiny_model(name);
+    if (name == "hybrid") {
+      torch::manual_seed(12);
+      model = build_student(model, StudentSpec::make(MixerKind::gated_deltanet, "default", {1}, model->config));
+      model->eval();
+    }
+    const std::vector<int64_t> lengths = {9, 14, 9, 30, 17};  // shared part: the first 8 tokens of each
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<ModelState> together(lengths.size()), alone;
+    std::vector<const std::vector<int32_t>*> ptrs;
+    std::vector<ModelState*> states;
+    for (size_t i = 0; i < lengths.size(); ++i) prompts.push_back(prompt_of(lengths[i], static_cast<int64_t>(i)));
+    for (size_t i = 0; i < lengths.size(); ++i) ptrs.push_back(&prompts[i]), states.push_back(&together[i]);
+    const auto logits = prefill_rows(model, ptrs, states);
+    ASSERT_EQ(logits.sizes(), (std::vector<int64_t>{5, model->config.vocab_size}));
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      alone.push_back(model->new_state());
+      auto ids = torch::tensor(std::vector<int64_t>(prompts[i].begin(), prompts[i].end()), torch::kLong).unsqueeze(0);
+      const auto own = model->forward(ids, &alone.back()).select(1, -1)[0];
+      EXPECT_LT(test::rel_err(logits[static_cast<int64_t>(i)], own), 1e-5) << "row " << i;
+      EXPECT_EQ(together[i][0].position, lengths[i]);
+    }
+    // Decoding on: rows batched from the prefilled states against each prompt's own state.
+    std::vector<DecodeRow> rows;
+    for (size_t i = 0; i < lengths.size(); ++i) rows.push_back({&together[i], static_cast<int32_t>(5 + i)});
+    const auto next = decode_rows(model, rows);
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      const auto own = model->forward(torch::full({1, 1}, static_cast<int64_t>(5 + i), torch::kLong), &alone[i]).select(1, -1)[0];
+      EXPECT_LT(test::rel_err(next[static_cast<int64_t>(i)], own), 1e-5) << "row " << i;
+    }
+  }
+  // One prompt: nothing shared; an empty prompt is refused.
+  auto model = tiny_model("teacher");
+  std::vector<int32_t> one = prompt_of(6, 1), none;
+  ModelState s1, s2;
+  EXPECT_EQ(prefill_rows(model, {&one}, {&s1}).size(0), 1);
+  EXPECT_THROW(prefill_rows(model, {&one, &none}, {&s1, &s2}), Error);
+}
+
 TEST(BatchedDecode, AStackedBatchKeptAcrossStepsAndChangesMatchesEachRowAlone) {
   torch::NoGradGuard no_grad;
   for (const std::string name : {"teacher", "retnet", "kda"}) {
@@ -153,32 +202,36 @@ TEST(Engine, ManyRequestsInFlightGiveTheGreedyTokensOfGenerate) {
       for (auto id : out) text += d.push(id);
       expected.push_back(text + d.flush());
     }
-    EngineOptions eo;
-    eo.max_sequences = 16;
-    Engine engine(model, tok, eo);
-    std::vector<std::shared_ptr<Generation>> gens;
-    for (int i = 0; i < 16; ++i) {
-      GenerationRequest r;
-      r.prompt = prompts[i];
-      r.decode_after = prompts[i];
-      r.max_tokens = 12 + i % 5;
-      gens.push_back(engine.submit(r));
+    for (const int64_t prefill : {1, 8192}) {  // prompts prefilled alone, or together where they join together
+      SCOPED_TRACE("max_prefill_tokens " + std::to_string(prefill));
+      EngineOptions eo;
+      eo.max_sequences = 16;
+      eo.max_prefill_tokens = prefill;
+      Engine engine(model, tok, eo);
+      std::vector<std::shared_ptr<Generation>> gens;
+      for (int i = 0; i < 16; ++i) {
+        GenerationRequest r;
+        r.prompt = prompts[i];
+        r.decode_after = prompts[i];
+        r.max_tokens = 12 + i % 5;
+        gens.push_back(engine.submit(r));
+      }
+      for (int i = 0; i < 16; ++i) {
+        std::string text;
+        Generation::Update u;
+        do {
+          u = gens[i]->wait(std::chrono::milliseconds(100));
+          text += u.text;
+        } while (u.finish == Finish::running);
+        EXPECT_EQ(u.finish, Finish::length) << "request " << i;
+        EXPECT_EQ(u.completion_tokens, 12 + i % 5);
+        EXPECT_EQ(text, expected[i]) << "request " << i;
+      }
+      const auto s = engine.stats();
+      EXPECT_LT(s.steps, 16 * 16) << "the requests were not batched";
+      EXPECT_EQ(s.running, 0);
+      EXPECT_EQ(s.reserved_bytes, 0);
     }
-    for (int i = 0; i < 16; ++i) {
-      std::string text;
-      Generation::Update u;
-      do {
-        u = gens[i]->wait(std::chrono::milliseconds(100));
-        text += u.text;
-      } while (u.finish == Finish::running);
-      EXPECT_EQ(u.finish, Finish::length) << "request " << i;
-      EXPECT_EQ(u.completion_tokens, 12 + i % 5);
-      EXPECT_EQ(text, expected[i]) << "request " << i;
-    }
-    const auto s = engine.stats();
-    EXPECT_LT(s.steps, 16 * 16) << "the requests were not batched";
-    EXPECT_EQ(s.running, 0);
-    EXPECT_EQ(s.reserved_bytes, 0);
   }
 }
 

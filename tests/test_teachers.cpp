@@ -232,7 +232,9 @@ TEST(Teachers, SavedFoldersLoadBackAndStudentsCarryBiasesAndNorms) {
         RMSNorm norm = kind == MixerKind::mlstm ? dynamic_cast<MLSTM*>(mixer)->q_norm
                        : kind == MixerKind::gla ? dynamic_cast<GLA*>(mixer)->q_norm
                                                 : RMSNorm(nullptr);
-        if (proj) EXPECT_LT(test::rel_err(mixers::project(proj, norm, x), teacher_q), 1e-6);
+        if (proj) {
+          EXPECT_LT(test::rel_err(mixers::project(proj, norm, x), teacher_q), 1e-6);
+        }
         const std::string sdir = test::fresh_dir("teachers", "qwen3_" + to_string(kind));
         save_student(student, spec, sdir, "");
         EXPECT_LT(test::rel_err(load_model(sdir)->forward(ids), student->forward(ids)), 1e-6);

@@ -7,7 +7,7 @@
 //
 //   linearize_serve_bench [--shape small|135m] [--models teacher,gated_deltanet,...] [--clients 1,4,16,64]
 //                         [--prompt-tokens 128] [--max-tokens 32] [--requests 2] [--device cpu|cuda]
-//                         [--memory-gib 8] [--contexts 1024,4096,16384,65536]
+//                         [--memory-gib 8] [--contexts 1024,4096,16384,65536] [--max-prefill-tokens 0]
 #include <httplib.h>
 
 #include <algorithm>
@@ -44,6 +44,7 @@ struct Settings {
   int64_t prompt_tokens = 128, max_tokens = 32, requests = 2;
   double memory_gib = 8;
   std::string device = "cpu";
+  int64_t max_prefill_tokens = EngineOptions().max_prefill_tokens;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -76,6 +77,7 @@ Settings parse(int argc, char** argv) {
     else if (a == "--requests") s.requests = std::stoll(value());
     else if (a == "--memory-gib") s.memory_gib = std::stod(value());
     else if (a == "--device") s.device = value();
+    else if (a == "--max-prefill-tokens") s.max_prefill_tokens = std::stoll(value());
     else throw std::runtime_error("unknown option " + a + " (see the comment at the top of bench/serve/serve_bench.cpp)");
   }
   if (s.models.empty()) {
@@ -143,7 +145,9 @@ int main(int argc, char** argv) {
     if (device.is_cuda()) card = device.str() + " (the card: see nvidia-smi)";
     std::cout << "### Serving, " << s.shape << " shape, " << card << "\n\n"
               << s.prompt_tokens << " prompt tokens, " << s.max_tokens << " new tokens per request, " << s.requests
-              << " requests per client; random weights" << (device.is_cuda() ? ", bf16" : ", fp32") << ".\n\n"
+              << " requests per client; random weights" << (device.is_cuda() ? ", bf16" : ", fp32")
+              << "; --max-prefill-tokens " << s.max_prefill_tokens
+              << (s.max_prefill_tokens == 0 ? " (automatic: 8192, prompts alone for the teacher on the CPU)" : "") << ".\n\n"
               << "| model | clients | tokens/s | p50 latency s | p99 latency s | steps | tokens per step |\n"
               << "|---|---:|---:|---:|---:|---:|---:|\n";
     std::vector<std::pair<std::string, std::vector<int64_t>>> state_rows;
@@ -158,6 +162,7 @@ int main(int argc, char** argv) {
       EngineOptions eo;
       eo.max_sequences = 512;
       eo.max_queue = 4096;
+      eo.max_prefill_tokens = s.max_prefill_tokens;
       Engine engine(model, tok, eo);
       ServerOptions so;
       so.port = 0;

@@ -48,6 +48,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
                     {"max-memory-gib", "G", "sequence states held at once at most (0: no limit)", default_text(e.max_memory_gib)},
                     {"max-context", "N", "prompt + max_tokens at most (0: the model's max_position_embeddings)",
                      default_text(e.max_context)},
+                    {"max-prefill-tokens", "N",
+                     "prompts joining together are prefilled together, their shared batch at most N tokens (1: alone; "
+                     "0: 8192, but alone on the CPU for models with softmax attention)",
+                     default_text(e.max_prefill_tokens)},
                     {"chat-max-tokens", "N", "max_tokens of a chat request that gives none", default_text(s.chat_max_tokens)},
                     device_option()},
                    0,
@@ -62,6 +66,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   eo.max_queue = args.integer("max-queue");
   eo.max_memory_gib = args.number("max-memory-gib");
   eo.max_context = args.integer("max-context");
+  eo.max_prefill_tokens = args.integer("max-prefill-tokens");
   ServerOptions so;
   so.host = args.str("host");
   so.port = static_cast<int>(args.integer("port"));

@@ -60,6 +60,47 @@ torch::Tensor decode_rows(CausalLM& model, const std::vector<DecodeRow>& rows) {
   return logits;
 }
 
+torch::Tensor prefill_rows(CausalLM& model, const std::vector<const std::vector<int32_t>*>& prompts,
+                           const std::vector<ModelState*>& states) {
+  torch::NoGradGuard no_grad;
+  const auto device = model->lm_head_weight().device();
+  const int64_t N = static_cast<int64_t>(prompts.size());
+  if (N == 0) return torch::Tensor();
+  if (states.size() != prompts.size()) throw Error("prefill_rows: one state per prompt");
+  size_t shortest = prompts[0]->size();
+  for (const auto* p : prompts) {
+    if (p->empty()) throw Error("prefill_rows: an empty prompt");
+    shortest = std::min(shortest, p->size());
+  }
+  const int64_t P = N > 1 ? static_cast<int64_t>(shortest) - 1 : 0;
+  ModelState shared = model->new_state();
+  if (P > 0) {
+    std::vector<int64_t> ids;
+    for (const auto* p : prompts) ids.insert(ids.end(), p->begin(), p->begin() + P);
+    model->hidden_states(torch::tensor(ids, torch::kLong).view({N, P}).to(device), &shared);
+  }
+  std::vector<torch::Tensor> logits;
+  for (int64_t i = 0; i < N; ++i) {
+    ModelState& mine = *states[static_cast<size_t>(i)];
+    mine = model->new_state();
+    if (P > 0)
+      for (size_t l = 0; l < shared.size(); ++l) {
+        // Views of row i (a KV cache is copied before it is written, model/llama.cpp).
+        for (const auto& [name, t] : shared[l].tensors) {
+          if (t.dim() == 0 || t.size(0) != N)
+            throw Error("prefill_rows: layer " + std::to_string(l) + "'s state tensor " + name + " is not one row per prompt");
+          mine[l].tensors[name] = t.narrow(0, i, 1);
+        }
+        mine[l].position = shared[l].position;
+      }
+    const auto& p = *prompts[static_cast<size_t>(i)];
+    const auto tail = torch::tensor(std::vector<int64_t>(p.begin() + P, p.end()), torch::kLong).unsqueeze(0).to(device);
+    const auto h = model->hidden_states(tail, &mine);  // [1, T, hidden]
+    logits.push_back(model->logits_from_hidden(h.narrow(1, h.size(1) - 1, 1)).view({1, -1}));
+  }
+  return torch::cat(logits, 0).to(torch::kFloat);
+}
+
 torch::Tensor DecodeBatch::step(const std::vector<DecodeRow>& rows) {
   torch::NoGradGuard no_grad;
   const auto device = model_->lm_head_weight().device();

@@ -23,6 +23,13 @@ struct DecodeRow {
 // Logits [rows, vocab] (float) of the next token of each row, in order.
 torch::Tensor decode_rows(CausalLM& model, const std::vector<DecodeRow>& rows);
 
+// Prefills several prompts at once: the first P tokens of every prompt (P = the shortest prompt's length
+// - 1) as one batch, all rows at one position, then each prompt's remaining tokens alone from its share of
+// the batch's state. Each states[i] is left after prompt i; returns the next-token logits [N, vocab]
+// (float), each what prompt i gives alone. No LM head runs over the shared part.
+torch::Tensor prefill_rows(CausalLM& model, const std::vector<const std::vector<int32_t>*>& prompts,
+                           const std::vector<ModelState*>& states);
+
 // The same across steps: while the same rows (the same states, in the same order) continue, their
 // stacked state stays stacked and nothing is copied between steps; the rows' own states are written
 // back (flush) when the batch changes, or when the caller needs them.

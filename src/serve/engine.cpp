@@ -69,6 +69,7 @@ Engine::Engine(CausalLM model, std::shared_ptr<const Tokenizer> tokenizer, const
     : model_(std::move(model)), tok_(std::move(tokenizer)), options_(options) {
   if (options_.max_sequences < 1) throw Error("--max-sequences must be at least 1");
   if (options_.max_queue < 0) throw Error("--max-queue must be 0 or more");
+  if (options_.max_prefill_tokens < 0) throw Error("--max-prefill-tokens must be 0 (automatic) or more");
   if (!(options_.max_memory_gib >= 0) || !std::isfinite(options_.max_memory_gib))
     throw Error("--max-memory-gib must be 0 (no limit) or positive");
   model_->eval();
@@ -90,6 +91,8 @@ Engine::Engine(CausalLM model, std::shared_ptr<const Tokenizer> tokenizer, const
       }
     }
   }
+  if (options_.max_prefill_tokens == 0)
+    options_.max_prefill_tokens = model_->lm_head_weight().device().is_cpu() && bytes_per_token_ > 0 ? 1 : 8192;
   batch_ = std::make_unique<DecodeBatch>(model_);
   thread_ = std::thread([this] { loop(); });
 }
@@ -203,16 +206,41 @@ bool Engine::emit(Sequence& s, int32_t token) {
   return finish != Finish::running;
 }
 
-bool Engine::admit(Sequence& s) {
-  torch::NoGradGuard no_grad;
-  const auto device = model_->lm_head_weight().device();
-  const auto& prompt = s.request.prompt;
-  // The completion's first piece decodes as it would after the text it continues (as `generate` prints it).
-  for (int32_t id : s.request.decode_after) s.decoder.push(id);
-  s.state = model_->new_state();
-  auto ids = torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()), torch::kLong).to(device).unsqueeze(0);
-  auto logits = model_->forward(ids, &s.state).select(1, -1).squeeze(0);
-  return emit(s, static_cast<int32_t>(s.sampler.next(logits)));
+void Engine::admit(std::vector<std::unique_ptr<Sequence>>& group) {
+  std::vector<const std::vector<int32_t>*> prompts;
+  std::vector<ModelState*> states;
+  for (auto& s : group) {
+    prompts.push_back(&s->request.prompt);
+    states.push_back(&s->state);
+    // The completion's first piece decodes as it would after the text it continues (as `generate` prints it).
+    for (int32_t id : s->request.decode_after) s->decoder.push(id);
+  }
+  const auto logits = prefill_rows(model_, prompts, states);  // [N, V]
+  for (size_t i = 0; i < group.size(); ++i)
+    if (emit(*group[i], static_cast<int32_t>(group[i]->sampler.next(logits[static_cast<int64_t>(i)])))) group[i].reset();
+}
+
+// By prompt length, each group's shortest prompt at least half its longest (the shared batch covers half
+// of every prompt or more) and its shared batch within max_prefill_tokens.
+std::vector<std::vector<std::unique_ptr<Engine::Sequence>>> Engine::prefill_groups(
+    std::vector<std::unique_ptr<Sequence>> joining) const {
+  std::stable_sort(joining.begin(), joining.end(),
+                   [](const auto& a, const auto& b) { return a->request.prompt.size() < b->request.prompt.size(); });
+  std::vector<std::vector<std::unique_ptr<Sequence>>> groups;
+  for (auto& s : joining) {
+    const auto n = static_cast<int64_t>(s->request.prompt.size());
+    if (!groups.empty()) {
+      auto& g = groups.back();
+      const auto shortest = static_cast<int64_t>(g.front()->request.prompt.size());
+      if (2 * shortest >= n && (static_cast<int64_t>(g.size()) + 1) * (shortest - 1) <= options_.max_prefill_tokens) {
+        g.push_back(std::move(s));
+        continue;
+      }
+    }
+    groups.emplace_back();
+    groups.back().push_back(std::move(s));
+  }
+  return groups;
 }
 
 void Engine::release(Sequence& s) {
@@ -241,19 +269,21 @@ void Engine::loop() {
         waiting_.pop_front();
       }
     }
+    std::vector<std::unique_ptr<Sequence>> prefill;
     for (auto& s : joining) {
-      bool done = true;  // admit() releases what finishes at its first token
-      if (s->client->cancelled()) {
-        end_cancelled(*s);
-      } else {
-        try {
-          done = admit(*s);
-        } catch (const std::exception& e) {
-          std::cerr << "[serve] a request failed in prefill: " << e.what() << "\n";
-          end_cancelled(*s);
-        }
+      if (s->client->cancelled()) end_cancelled(*s);
+      else prefill.push_back(std::move(s));
+    }
+    for (auto& group : prefill_groups(std::move(prefill))) {
+      try {
+        admit(group);  // releases what finishes at its first token
+      } catch (const std::exception& e) {
+        std::cerr << "[serve] " << group.size() << " request(s) failed in prefill: " << e.what() << "\n";
+        for (auto& s : group)
+          if (s) end_cancelled(*s), s.reset();
       }
-      if (!done) running_.push_back(std::move(s));
+      for (auto& s : group)
+        if (s) running_.push_back(std::move(s));
     }
     // Clients that left give their slot back before the step (their states are written back first:
     // the batch holds views of them).
