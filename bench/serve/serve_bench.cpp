@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
               << s.prompt_tokens << " prompt tokens, " << s.max_tokens << " new tokens per request, " << s.requests
               << " requests per client; random weights" << (device.is_cuda() ? ", bf16" : ", fp32")
               << "; --max-prefill-tokens " << s.max_prefill_tokens
-              << (s.max_prefill_tokens == 0 ? " (automatic: 8192, prompts alone for the teacher on the CPU)" : "") << ".\n\n"
+              << (s.max_prefill_tokens == 0 ? " (automatic: 8192 on a GPU, prompts alone on the CPU)" : "") << ".\n\n"
               << "| model | clients | tokens/s | p50 latency s | p99 latency s | steps | tokens per step |\n"
               << "|---|---:|---:|---:|---:|---:|---:|\n";
     std::vector<std::pair<std::string, std::vector<int64_t>>> state_rows;

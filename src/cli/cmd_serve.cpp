@@ -50,7 +50,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
                      default_text(e.max_context)},
                     {"max-prefill-tokens", "N",
                      "prompts joining together are prefilled together, their shared batch at most N tokens (1: alone; "
-                     "0: 8192, but alone on the CPU for models with softmax attention)",
+                     "0: 8192 on a GPU, alone on the CPU)",
                      default_text(e.max_prefill_tokens)},
                     {"chat-max-tokens", "N", "max_tokens of a chat request that gives none", default_text(s.chat_max_tokens)},
                     device_option()},

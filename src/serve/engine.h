@@ -27,9 +27,9 @@ struct EngineOptions {
   double max_memory_gib = 0;   // the states of the sequences in flight at most (0: no limit)
   int64_t max_context = 0;     // prompt + max_tokens at most (0: the model's max_position_embeddings)
   // Prompts that join together are prefilled together (serve/batched_decode.h, prefill_rows) in groups of
-  // similar lengths whose shared batch holds at most this many tokens (1: each prompt alone). 0: 8192,
-  // except on the CPU for models with softmax attention layers, whose prompts are prefilled alone there
-  // (batched attention was 10-20% slower on two cores; students gained up to a quarter).
+  // similar lengths whose shared batch holds at most this many tokens (1: each prompt alone). 0: 8192 on a
+  // GPU, 1 on the CPU, where batching measured from 45% slower (GLA) to 25% faster (Gated DeltaNet) on two
+  // cores (docs/serve.md).
   int64_t max_prefill_tokens = 0;
 };
 
