@@ -126,6 +126,44 @@ TEST(Study, StoppedAndRerunMatchesAnUninterruptedRun) {
   }
 }
 
+// Results kept, weights lost (a GPU machine given back between runs): the teacher is trained again and the
+// study goes on only if it is the same teacher bit for bit; a different one is refused before any student
+// trains on it.
+TEST(Study, ATeacherTrainedAgainMustBeTheSameTeacher) {
+  auto j = tiny_study();
+  j["teachers"] = nlohmann::json::array({j["teachers"][0]});
+  const std::string out = test::fresh_dir("study", "again");
+  StudyOptions o;
+  o.out = out;
+  o.only = {"gla"};
+  ASSERT_TRUE(run_study(parse_study(j, "tiny.json", out), o).finished);
+  // Only results and the teacher's evaluation survive.
+  remove_tree(out + "/teachers/small");
+  remove_tree(out + "/runs");
+  o.only = {};
+  testing::internal::CaptureStderr();
+  const auto outcome = run_study(parse_study(j, "tiny.json", out), o);
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(outcome.finished);
+  EXPECT_NE(log.find("teacher small: trained again, the same teacher bit for bit"), std::string::npos) << log;
+  // A teacher that differs from the one the results were made with.
+  const std::string eval = out + "/teachers/small.eval.json";
+  auto e = nlohmann::json::parse(read_file(eval));
+  e["fingerprint"] = "0123456789abcdef";
+  write_file_atomic(eval, [&](std::ostream& f) { f << e.dump(); });
+  remove_tree(out + "/teachers/small");
+  remove_tree(out + "/runs");
+  remove_tree(out + "/results/small__gated_deltanet__default__s0__10240.json");
+  try {
+    run_study(parse_study(j, "tiny.json", out), o);
+    ADD_FAILURE() << "a different teacher was accepted";
+  } catch (const Error& x) {
+    EXPECT_NE(std::string(x.what()).find("teacher small was trained again and is not the teacher of the results"),
+              std::string::npos) << x.what();
+  }
+  EXPECT_FALSE(fs::exists(out + "/results/small__gated_deltanet__default__s0__10240.json"));
+}
+
 // --only runs the selected cells and trains only the teachers they need.
 TEST(Study, OnlyTrainsTheTeachersOfTheSelectedCells) {
   auto j = tiny_study();

@@ -246,6 +246,7 @@ class Runner {
 
   void teacher(const StudyTeacher& t) {
     const std::string dir = teacher_dir(t);
+    const std::string eval_path = (fs::path(out_) / "teachers" / (t.name + ".eval.json")).string();
     if (t.pretrain && !is_model_folder(dir)) {
       const auto& p = *t.pretrain;
       say("teacher " + t.name + ": pretraining " + std::to_string(p.steps) + " steps of " + std::to_string(p.batch) +
@@ -268,8 +269,18 @@ class Runner {
       po.loop.deadline = deadline_;
       pretrain(po);
       if (!is_model_folder(dir)) throw OutOfTime{};
+      // Trained again where its results were kept but its weights were not (a GPU machine given back
+      // between runs): the results go on only if this is the same teacher, bit for bit.
+      if (fs::exists(eval_path)) {
+        const std::string was = nlohmann::json::parse(read_file(eval_path)).value("fingerprint", std::string());
+        const std::string now = model_fingerprint(dir);
+        if (now != was)
+          throw Error("teacher " + t.name + " was trained again and is not the teacher of the results in " + out_ +
+                      " (fingerprint " + now + ", theirs " + was + "): training is not reproducible on this device; "
+                      "move " + eval_path + " and results/" + t.name + "__* aside to run its row again");
+        say("teacher " + t.name + ": trained again, the same teacher bit for bit (fingerprint " + now + ")");
+      }
     }
-    const std::string eval_path = (fs::path(out_) / "teachers" / (t.name + ".eval.json")).string();
     if (!fs::exists(eval_path)) {
       check_time();
       say("teacher " + t.name + ": evaluating");
