@@ -13,7 +13,8 @@
 #   launch       bench/gpu/launch_overhead.sh (issue 8: launch with one GPU vs a plain run)
 #   study        `linearize study ${STUDY_ARGS}` (default: --preset gpu on .device/shared/data, out
 #                runs/study-gpu, --max-minutes ${STUDY_MINUTES:-8}); its results, teacher evaluations and
-#                report packed into $OUT/study.tar.gz (run the step again to continue the study)
+#                report packed into $OUT/study.tar.gz (run the step again to continue the study; on a new
+#                machine, STUDY_RESUME=that tar.gz puts its results and teacher evaluations back first)
 #   variants     kernel changes not yet on main, timed against the build they patch: for each patch in
 #                ${VARIANTS:-.device/variants}/*.patch (made by scripts/export_variants.sh), apply it, rebuild,
 #                run the tests of VARIANT_TESTS (a gtest filter, default the fused ops' Cuda tests; none: no
@@ -144,7 +145,9 @@ for step in "$@"; do
                       build-gpu/linearize_gpu_bench ops --quick ${OPS_ARGS:-} > "$OUT/profile-source.log" 2>&1
                     python3 bench/gpu/source_hotspots.py "$OUT/source.ncu-rep" > "$OUT/profile-source.md"; cat "$OUT/profile-source.md" ;;
     bench-quick) build-gpu/linearize_gpu_bench all --quick > "$OUT/bench-quick.md" 2> "$OUT/bench-quick.log"; cat "$OUT/bench-quick.md"; tail -5 "$OUT/bench-quick.log" ;;
-    study) build-gpu/linearize study ${STUDY_ARGS:---preset gpu --base .device/shared/data --device cuda} \
+    study) if [ -n "${STUDY_RESUME:-}" ] && [ ! -d runs/study-gpu/results ]; then  # results of an earlier machine
+             mkdir -p runs/study-gpu && tar xzf "$STUDY_RESUME" -C runs/study-gpu results teachers; fi
+           build-gpu/linearize study ${STUDY_ARGS:---preset gpu --base .device/shared/data --device cuda} \
              --out runs/study-gpu --max-minutes ${STUDY_MINUTES:-8} > "$OUT/study.log" 2>&1
            (cd runs/study-gpu && tar czf "$OUT/study.tar.gz" study.json $(ls -d results report teachers/*.eval.json 2> /dev/null))
            grep -E "^\[study\]|error" "$OUT/study.log" | tail -30 ;;
