@@ -97,15 +97,15 @@ def main():
                 traceback.print_exc(limit=-4)
             failed |= not row["ok"]
             results.append(row)
+            if args.json:  # after every row: a run cut short still leaves what it measured
+                with open(args.json, "w") as f:
+                    json.dump(results, f, indent=1)
             if "error" in row:
                 print(f"{d}  {model_type:16s} {name:9s}  FAILED  {row['error']}", flush=True)
             else:
                 print(f"{d}  {model_type:16s} {name:9s}  max|diff| {row['max_abs']:.3e}  rel {row['rel']:.3e}  "
                       f"argmax agree {100 * row['argmax_agree']:.1f}%  {'ok' if row['ok'] else 'OVER TOLERANCE'}",
                       flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
     sys.exit(1 if failed else 0)
 
 
