@@ -209,6 +209,8 @@ TEST(Study, BadStudyFilesFailAtOnce) {
   EXPECT_NE(msg.find("budgets must be positive"), std::string::npos) << msg;
   msg = error_of([](auto& j) { j["teachers"][0]["pretrain"]["hidden"] = 31; });
   EXPECT_NE(msg.find("hidden must divide by heads"), std::string::npos) << msg;
+  msg = error_of([](auto& j) { j["teachers"][0]["pretrain"]["deterministic"] = "yes"; });
+  EXPECT_NE(msg.find("\"deterministic\" has the wrong type"), std::string::npos) << msg;
   msg = error_of([](auto& j) { j["eval"]["niah"]["lenghts"] = nlohmann::json::array({1}); });
   EXPECT_NE(msg.find("unknown key \"lenghts\""), std::string::npos) << msg;
   EXPECT_TRUE(fs::is_empty(dir) || fs::directory_iterator(dir)->path().filename() == "s.json");

@@ -288,6 +288,41 @@ TEST(CudaTrain, AdamwStepMatchesLibtorch) {
   expect_adamw_step_matches_libtorch(AdamwPath::kGpuKernel);
 }
 
+// --deterministic: PyTorch's deterministic algorithms while the loop runs (every step sees them on), as they
+// were afterwards; and a run trained twice gives the same weights.
+TEST(TrainLoop, DeterministicModeHoldsForTheRunOnly) {
+  std::vector<int32_t> tokens(2000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7) % 13);
+  auto train = [&](bool deterministic, int& on_steps) {
+    torch::manual_seed(3);
+    torch::nn::Linear lin(8, 4);
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    for (auto& p : lin->named_parameters()) params.emplace_back(p.key(), p.value());
+    WindowLoader data(tokens, {0, 2000}, 8, 0);
+    auto step = [&](const torch::Tensor& rows) {
+      on_steps += at::globalContext().deterministicAlgorithms();
+      return lin->forward(rows.narrow(1, 0, 8).to(torch::kFloat)).pow(2).mean();
+    };
+    TrainLoopOptions o;
+    o.steps = 5;
+    o.batch = 2;
+    o.quiet = true;
+    o.deterministic = deterministic;
+    run_training(*lin, params, data, step, o);
+    return lin->weight.detach().clone();
+  };
+  ASSERT_FALSE(at::globalContext().deterministicAlgorithms());
+  int on = 0;
+  const auto a = train(true, on);
+  EXPECT_EQ(on, 5);
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+  int on_again = 0;
+  EXPECT_TRUE(torch::equal(train(true, on_again), a));
+  int off = 0;
+  train(false, off);
+  EXPECT_EQ(off, 0);
+}
+
 // ---- guards ----
 
 // NaN or inf gradients skip the step (nothing updated, counted, logged); eight in a row stop the run with

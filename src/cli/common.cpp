@@ -39,6 +39,7 @@ std::vector<OptionSpec> training_options(const TrainLoopOptions& d, int64_t seq_
       {"stop-after", "N", "stop after step N's checkpoint, as if killed (for testing resume)"},
       {"quiet", "", "no progress lines"},
       {"recompute", "", "recompute each layer's activations in backward: much less memory, one more forward pass per layer"},
+      {"deterministic", "", "deterministic GPU algorithms only: the same run on the same kind of GPU gives the same weights; slower"},
       {"config", "FILE", "JSON file with any of these options ({\"seq-len\": 512, ...})"},
       device_option(),
   };
@@ -64,6 +65,7 @@ TrainLoopOptions loop_options(const Args& args) {
   o.log_every = args.integer("log-every");
   o.resume = args.flag("resume");
   o.recompute = args.flag("recompute");
+  o.deterministic = args.flag("deterministic");
   if (args.has("stop-after")) o.stop_after = args.integer("stop-after");
   o.quiet = args.flag("quiet") || !is_main_process();  // under `launch`, rank 0 reports
   o.device = device_for_rank(parse_device(args.str("device")));

@@ -267,6 +267,7 @@ class Runner {
       po.loop.checkpoint_every = std::max<int64_t>(100, p.steps / 10);
       po.loop.log_every = std::max<int64_t>(1, p.steps / 10);
       po.loop.deadline = deadline_;
+      po.loop.deterministic = p.deterministic;
       pretrain(po);
       if (!is_model_folder(dir)) throw OutOfTime{};
       // Trained again where its results were kept but its weights were not (a GPU machine given back

@@ -108,7 +108,8 @@ StudySpec parse_study(const nlohmann::json& j, const std::string& file, const st
       }
     } else {
       const auto& p = t["pretrain"];
-      check_keys(p, {"hidden", "layers", "heads", "kv_heads", "seq_len", "batch", "steps", "lr", "schedule", "warmup", "data"},
+      check_keys(p, {"hidden", "layers", "heads", "kv_heads", "seq_len", "batch", "steps", "lr", "schedule", "warmup", "data",
+                     "deterministic"},
                  w + ".pretrain");
       StudyPretrain pt;
       pt.hidden = get(p, "hidden", pt.hidden, w), pt.layers = get(p, "layers", pt.layers, w);
@@ -116,6 +117,7 @@ StudySpec parse_study(const nlohmann::json& j, const std::string& file, const st
       pt.seq_len = get(p, "seq_len", pt.seq_len, w), pt.batch = get(p, "batch", pt.batch, w);
       pt.steps = get(p, "steps", pt.steps, w), pt.lr = get(p, "lr", pt.lr, w), pt.warmup = get(p, "warmup", pt.warmup, w);
       pt.schedule = get(p, "schedule", pt.schedule, w);
+      pt.deterministic = get(p, "deterministic", pt.deterministic, w);
       pt.data = resolve(base, get<std::string>(p, "data", "", w));
       for (int64_t v : {pt.hidden, pt.layers, pt.heads, pt.kv_heads, pt.seq_len, pt.batch, pt.steps})
         if (v <= 0) throw Error(w + ".pretrain: sizes and steps must be positive");

@@ -40,6 +40,7 @@ struct StudyPretrain {
   double lr = 3e-3, warmup = 0.01;
   std::string schedule = "wsd";
   std::string data;  // empty: the study's data
+  bool deterministic = false;  // deterministic GPU algorithms, so that training it again gives the same teacher
 };
 
 struct StudyTeacher {

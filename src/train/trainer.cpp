@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -64,9 +65,36 @@ std::string snapshot_dir(const std::string& run_dir, const std::string& name, in
   return (fs::path(run_dir) / ("checkpoint-" + name + "-step" + std::to_string(step))).string();
 }
 
+namespace {
+
+// PyTorch's deterministic mode for a scope, as it was afterwards. Ops without a deterministic form warn
+// rather than fail. cuBLAS needs a fixed workspace for repeatable results; its variable is read when cuBLAS
+// starts, so it is set here only if the process has not set it (a study's first GPU work is this loop).
+class DeterministicScope {
+ public:
+  explicit DeterministicScope(bool on)
+      : on_(on), was_(at::globalContext().deterministicAlgorithms()),
+        was_warn_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
+    if (!on_) return;
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+  }
+  ~DeterministicScope() {
+    if (on_) at::globalContext().setDeterministicAlgorithms(was_, was_warn_);
+  }
+  DeterministicScope(const DeterministicScope&) = delete;
+  DeterministicScope& operator=(const DeterministicScope&) = delete;
+
+ private:
+  bool on_, was_, was_warn_;
+};
+
+}  // namespace
+
 TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<std::string, torch::Tensor>>& trainable,
                          BatchSource& loader, const StepFn& step_fn, const TrainLoopOptions& o) {
   if (o.steps < 1) throw Error(o.name + ": the number of steps must be positive (more tokens or a smaller batch?)");
+  const DeterministicScope deterministic(o.deterministic);
   // Data parallel when launched: every rank takes its own rows of each global batch.
   DataParallelGroup* group = DataParallelGroup::get(o.device);
   const int64_t world = group ? group->world_size() : 1, rank = group ? group->rank() : 0;

@@ -48,6 +48,9 @@ struct TrainLoopOptions {
   uint64_t seed = 0;
   bool quiet = false;
   bool recompute = false;  // the caller sets CausalLM::recompute from it (activation recomputation)
+  // PyTorch's deterministic algorithms while the loop runs (and cuBLAS's fixed workspace): a rerun on the same
+  // kind of GPU gives the same weights, bit for bit, where every op has a deterministic form.
+  bool deterministic = false;
 };
 
 // The loop's defaults with another learning-rate schedule: the defaults of a command that trains with its
