@@ -147,12 +147,7 @@ json fla_config_of(const Student& student, const std::string& dir) {
     if (f.kind == m.kind) j["model_type"] = f.model_type, j["architectures"] = {f.causal_lm};
   if (!spec.layers.empty()) j["attn"] = hybrid_attention(c, spec, dir);
   if (m.kind == MixerKind::gated_deltanet) {
-    if (!m.use_beta) refuse("beta is off (use_beta false); fla's Gated DeltaNet always uses sigmoid(b_proj x)");
-    j["head_dim"] = m.head_k_dim;
-    j["expand_v"] = ratio(m.head_v_dim, m.head_k_dim, "head_v_dim");
-    j["num_v_heads"] = m.value_heads();
     j["use_gate"] = m.use_output_gate;
-    j["allow_neg_eigval"] = m.allow_neg_eigval;
   } else if (m.kind == MixerKind::deltanet) {
     j["expand_k"] = ratio(m.key_dim(), c.hidden_size, "the key width");
     j["expand_v"] = ratio(m.value_dim(), c.hidden_size, "the value width");
@@ -167,11 +162,6 @@ json fla_config_of(const Student& student, const std::string& dir) {
     if (m.kda_gate_mode != "multiply")
       refuse("the output gate is added inside the norm (the study's kda_gate defect); fla multiplies by sigmoid(g)");
     if (!m.kda_gate_low_rank) refuse("the output gate is full rank; fla's KDA gate is low rank (head_v_dim)");
-    if (!m.use_beta) refuse("beta is off (use_beta false); fla's KDA always uses sigmoid(b_proj x)");
-    j["head_dim"] = m.head_k_dim;
-    j["expand_v"] = ratio(m.head_v_dim, m.head_k_dim, "head_v_dim");
-    j["num_v_heads"] = m.value_heads();
-    j["allow_neg_eigval"] = m.allow_neg_eigval;
     j["safe_gate"] = m.safe_gate;
     j["lower_bound"] = m.lower_bound < 0 ? json(m.lower_bound) : json();
     j.erase("fuse_linear_cross_entropy");  // not a field of fla's KDA config
@@ -213,6 +203,14 @@ json fla_config_of(const Student& student, const std::string& dir) {
     j["feature_map"] = nullptr;
     j["clamp_min"] = nullptr;
     j["elementwise_affine"] = true;
+  }
+  if (m.kind == MixerKind::gated_deltanet || m.kind == MixerKind::kda) {  // head sizes, not ratios of hidden
+    const std::string name = m.kind == MixerKind::kda ? "KDA" : "Gated DeltaNet";
+    if (!m.use_beta) refuse("beta is off (use_beta false); fla's " + name + " always uses sigmoid(b_proj x)");
+    j["head_dim"] = m.head_k_dim;
+    j["expand_v"] = ratio(m.head_v_dim, m.head_k_dim, "head_v_dim");
+    j["num_v_heads"] = m.value_heads();
+    j["allow_neg_eigval"] = m.allow_neg_eigval;
   }
   return j;
 }
