@@ -51,6 +51,25 @@ LayerState merge_layer(const std::vector<DecodeRow>& rows, size_t l, bool attent
   return merged;
 }
 
+// Row `row` of a stacked layer state, as views: a KV cache's `position` entries from `first` (the left
+// padding before them dropped), any other tensor's row (the batch's "row_position" excepted). A row that
+// later writes its cache copies it first (model/llama.cpp).
+LayerState row_of(const LayerState& all, int64_t row, bool attention, int64_t first, int64_t position) {
+  LayerState mine;
+  if (attention) {
+    for (const char* name : {"k", "v"}) mine.tensors[name] = all.get(name).narrow(0, row, 1).narrow(2, first, position);
+  } else {
+    for (const auto& [name, t] : all.tensors)
+      if (name != "row_position") mine.tensors[name] = t.narrow(0, row, 1);
+  }
+  mine.position = position;
+  return mine;
+}
+
+bool is_attention(CausalLM& model, size_t layer) {
+  return model->layer(static_cast<int64_t>(layer))->mixer->kind() == "softmax_attention";
+}
+
 }  // namespace
 
 torch::Tensor decode_rows(CausalLM& model, const std::vector<DecodeRow>& rows) {
@@ -85,13 +104,10 @@ torch::Tensor prefill_rows(CausalLM& model, const std::vector<const std::vector<
     mine = model->new_state();
     if (P > 0)
       for (size_t l = 0; l < shared.size(); ++l) {
-        // Views of row i (a KV cache is copied before it is written, model/llama.cpp).
-        for (const auto& [name, t] : shared[l].tensors) {
+        for (const auto& [name, t] : shared[l].tensors)
           if (t.dim() == 0 || t.size(0) != N)
             throw Error("prefill_rows: layer " + std::to_string(l) + "'s state tensor " + name + " is not one row per prompt");
-          mine[l].tensors[name] = t.narrow(0, i, 1);
-        }
-        mine[l].position = shared[l].position;
+        mine[l] = row_of(shared[l], i, is_attention(model, l), 0, shared[l].position);
       }
     const auto& p = *prompts[static_cast<size_t>(i)];
     const auto tail = torch::tensor(std::vector<int64_t>(p.begin() + P, p.end()), torch::kLong).unsqueeze(0).to(device);
@@ -118,7 +134,7 @@ torch::Tensor DecodeBatch::step(const std::vector<DecodeRow>& rows) {
     attention_.assign(L, false);
     merged_.assign(L, LayerState());
     for (size_t l = 0; l < L; ++l) {
-      attention_[l] = model_->layer(static_cast<int64_t>(l))->mixer->kind() == "softmax_attention";
+      attention_[l] = is_attention(model_, l);
       merged_[l] = merge_layer(rows, l, attention_[l]);
     }
     for (const auto& r : rows) {
@@ -139,22 +155,10 @@ torch::Tensor DecodeBatch::step(const std::vector<DecodeRow>& rows) {
 void DecodeBatch::flush() {
   // Each row's part: views into the batch's tensors (a row that later decodes alone copies its cache
   // before writing, model/llama.cpp).
-  for (size_t i = 0; i < members_.size(); ++i) {
-    const auto row = static_cast<int64_t>(i);
-    for (size_t l = 0; l < merged_.size(); ++l) {
-      auto& mine = members_[i]->at(l);
-      const auto& all = merged_[l];
-      if (attention_[l]) {
-        const int64_t first = all.position - positions_[i];  // the row's first real entry
-        for (const char* name : {"k", "v"})
-          mine.tensors[name] = all.get(name).narrow(0, row, 1).narrow(2, first, positions_[i]);
-      } else {
-        for (const auto& [name, t] : all.tensors)
-          if (name != "row_position") mine.tensors[name] = t.narrow(0, row, 1);
-      }
-      mine.position = positions_[i];
-    }
-  }
+  for (size_t i = 0; i < members_.size(); ++i)
+    for (size_t l = 0; l < merged_.size(); ++l)  // a KV cache's first real entry follows the row's left padding
+      members_[i]->at(l) = row_of(merged_[l], static_cast<int64_t>(i), attention_[l],
+                                  merged_[l].position - positions_[i], positions_[i]);
   forget();
 }
 
