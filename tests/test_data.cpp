@@ -33,10 +33,31 @@
 using namespace linearize;
 namespace fs = std::filesystem;
 
-TEST(RetrievalEpisodes, AnswersAreTheNamedNeedlesValues) {
+namespace {
+
+// Episode options with the training text's key words.
+RetrievalEpisodeOptions training_episode_options() {
   RetrievalEpisodeOptions o;
   o.key_adjectives = training_key_adjectives();
   o.key_nouns = training_key_nouns();
+  return o;
+}
+
+// The lines of an episode's context (between its first line and its first question) that are not needles.
+std::vector<std::string> filler_lines(const std::string& text) {
+  static const std::regex needle("One of the special magic (numbers|uuids) for [a-z]+-[a-z]+ is: [0-9a-f-]+\\.");
+  const size_t head = text.find('\n') + 1, tail = text.find("\nWhat is the special magic");
+  std::vector<std::string> lines;
+  std::stringstream ctx(text.substr(head, tail - head));
+  for (std::string l; std::getline(ctx, l);)
+    if (!std::regex_match(l, needle)) lines.push_back(l);
+  return lines;
+}
+
+}  // namespace
+
+TEST(RetrievalEpisodes, AnswersAreTheNamedNeedlesValues) {
+  RetrievalEpisodeOptions o = training_episode_options();
   o.max_needles = 4;
   o.max_questions = 3;
   o.uuid_fraction = 0.3;
@@ -74,11 +95,7 @@ TEST(RetrievalEpisodes, AnswersAreTheNamedNeedlesValues) {
     distractors += static_cast<int>(facts.size()) - answered;
     // Layout: the context (between the first line and the first question) on one line or several, the
     // same paragraph repeated or not.
-    const size_t head = text.find('\n') + 1, tail = text.find("\nWhat is the special magic");
-    std::vector<std::string> lines;
-    std::stringstream ctx(text.substr(head, tail - head));
-    for (std::string l; std::getline(ctx, l);)
-      if (!std::regex_match(l, needle_re)) lines.push_back(l);
+    const auto lines = filler_lines(text);
     if (lines.size() <= 1) layouts.insert("essay");
     else layouts.insert(std::set<std::string>(lines.begin(), lines.end()).size() == 1 ? "repeat" : "lines");
   }
@@ -90,9 +107,7 @@ TEST(RetrievalEpisodes, AnswersAreTheNamedNeedlesValues) {
 // noise_fraction: that share of episodes repeats one paragraph of 2-6 short statements on every line of
 // the context; without it, episodes are what they were (the option draws nothing).
 TEST(RetrievalEpisodes, NoiseFillerRepeatsShortStatements) {
-  RetrievalEpisodeOptions o;
-  o.key_adjectives = training_key_adjectives();
-  o.key_nouns = training_key_nouns();
+  RetrievalEpisodeOptions o = training_episode_options();
   o.min_chars = 400;
   o.max_chars = 800;
   std::mt19937_64 a(5), b(5);
@@ -102,16 +117,11 @@ TEST(RetrievalEpisodes, NoiseFillerRepeatsShortStatements) {
   o.noise_fraction = 0.5;
   const std::regex statement(
       "(The [a-z]+ is [a-z]+|Here we are|On and on it goes|Off we go again|So it goes|Round and round|Up and down we went)\\.");
-  const std::regex needle_re("One of the special magic (numbers|uuids) for [a-z]+-[a-z]+ is: [0-9a-f-]+\\.");
   int noise = 0;
   std::set<size_t> sentence_counts;
   for (int e = 0; e < 400; ++e) {
     const std::string text = retrieval_episode(a, english_like_sentence, o);
-    const size_t head = text.find('\n') + 1, tail = text.find("\nWhat is the special magic");
-    std::vector<std::string> lines;
-    std::stringstream ctx(text.substr(head, tail - head));
-    for (std::string l; std::getline(ctx, l);)
-      if (!std::regex_match(l, needle_re)) lines.push_back(l);
+    const auto lines = filler_lines(text);
     if (lines.size() < 2) continue;
     // A noise paragraph: every line the same, made of short statements only.
     std::vector<std::string> parts;

@@ -72,8 +72,7 @@ std::string retrieval_episode(std::mt19937_64& rng, const SentenceSource& filler
   std::vector<std::string> units;
   int64_t chars = 0;
   if (layout == Layout::repeat) {
-    const SentenceSource statements = short_statement;
-    const std::string p = noise ? paragraph(rng, statements, 2 + static_cast<int64_t>(rng() % 5))
+    const std::string p = noise ? paragraph(rng, short_statement, 2 + static_cast<int64_t>(rng() % 5))
                                 : paragraph(rng, filler, o.paragraph_sentences);
     const int64_t n = std::max<int64_t>(1, budget / std::max<int64_t>(1, static_cast<int64_t>(p.size()) + 1));
     units.assign(n, p);
