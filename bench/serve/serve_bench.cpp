@@ -5,13 +5,12 @@
 // tokens/s over the round and the p50/p99 request latency. Then the state a sequence holds at several
 // context lengths and how many sequences fit in a memory budget.
 //
-//   linearize_serve_bench [--shape small|135m] [--models teacher,gated_deltanet,...] [--clients 1,4,16,64]
-//                         [--prompt-tokens 128] [--max-tokens 32] [--requests 2] [--device cpu|cuda]
-//                         [--memory-gib 8] [--contexts 1024,4096,16384,65536] [--max-prefill-tokens 0]
+//   linearize_serve_bench [--shape small|135m] [--clients 1,4,16,64] [--device cuda] ...   (--help: every option)
 #include <httplib.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -19,6 +18,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cli/args.h"
 #include "cli/host_memory.h"
 #include "io/atomic_file.h"
 #include "compat/device.h"
@@ -47,39 +47,67 @@ struct Settings {
   int64_t max_prefill_tokens = EngineOptions().max_prefill_tokens;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream in(s);
-  for (std::string x; std::getline(in, x, ',');)
-    if (!x.empty()) out.push_back(x);
+std::string joined(const std::vector<int64_t>& v) {
+  std::string out;
+  for (int64_t x : v) out += (out.empty() ? "" : ",") + std::to_string(x);
   return out;
 }
 
+// Args names the command "linearize serve_bench" in help and errors; the binary is linearize_serve_bench.
+std::string binary_named(std::string text) {
+  const std::string from = "linearize serve_bench";
+  if (auto at = text.find(from); at != std::string::npos) text.replace(at, from.size(), "linearize_serve_bench");
+  return text;
+}
+
+// The options, their defaults taken from Settings so that --help cannot drift from them.
+cli::CommandSpec command_spec() {
+  const Settings d;
+  return {"serve_bench",
+          "a teacher and its seven students (random weights) served in process under loopback clients",
+          "",
+          "C clients each send R requests of P prompt tokens and N new tokens. Prints tokens/s and p50/p99\n"
+          "latency per model and client count, then each model's state per sequence and how many sequences\n"
+          "fit in --memory-gib.",
+          {{"shape", "NAME", "model shape: small (hidden 256, 4 layers) or 135m (SmolLM2-135M)", d.shape},
+           {"models", "LIST", "teacher and/or mixer names (default: teacher and the seven mixers)"},
+           {"clients", "LIST", "concurrent clients, one round each", joined(d.clients)},
+           {"prompt-tokens", "N", "prompt tokens per request", cli::default_text(d.prompt_tokens)},
+           {"max-tokens", "N", "new tokens per request", cli::default_text(d.max_tokens)},
+           {"requests", "N", "requests per client", cli::default_text(d.requests)},
+           {"device", "DEV", "cpu, cuda or cuda:N (bf16 on a GPU)", d.device},
+           {"memory-gib", "X", "memory budget of the sequences-that-fit table", cli::default_text(d.memory_gib)},
+           {"contexts", "LIST", "context lengths of that table", joined(d.contexts)},
+           {"max-prefill-tokens", "N", "as `linearize serve` (0: 8192 on a GPU, prompts alone on the CPU)",
+            cli::default_text(d.max_prefill_tokens)}},
+          0,
+          0};
+}
+
 Settings parse(int argc, char** argv) {
-  Settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
-      return argv[++i];
-    };
-    auto ints = [&] {
-      std::vector<int64_t> v;
-      for (const auto& x : split(value())) v.push_back(std::stoll(x));
-      return v;
-    };
-    if (a == "--shape") s.shape = value();
-    else if (a == "--models") s.models = split(value());
-    else if (a == "--clients") s.clients = ints();
-    else if (a == "--contexts") s.contexts = ints();
-    else if (a == "--prompt-tokens") s.prompt_tokens = std::stoll(value());
-    else if (a == "--max-tokens") s.max_tokens = std::stoll(value());
-    else if (a == "--requests") s.requests = std::stoll(value());
-    else if (a == "--memory-gib") s.memory_gib = std::stod(value());
-    else if (a == "--device") s.device = value();
-    else if (a == "--max-prefill-tokens") s.max_prefill_tokens = std::stoll(value());
-    else throw std::runtime_error("unknown option " + a + " (see the comment at the top of bench/serve/serve_bench.cpp)");
+  const cli::CommandSpec spec = command_spec();
+  const cli::Args args(spec, std::vector<std::string>(argv + 1, argv + argc));
+  if (args.help_requested()) {
+    std::cout << binary_named(cli::help_text(spec));
+    std::exit(0);
   }
+  Settings s;
+  s.shape = args.str("shape");
+  if (args.has("models")) s.models = args.str_list("models");
+  s.clients = args.int_list("clients");
+  s.contexts = args.int_list("contexts");
+  s.prompt_tokens = args.integer("prompt-tokens");
+  s.max_tokens = args.integer("max-tokens");
+  s.requests = args.integer("requests");
+  s.device = args.str("device");
+  s.memory_gib = args.number("memory-gib");
+  s.max_prefill_tokens = args.integer("max-prefill-tokens");
+  if (s.prompt_tokens < 1 || s.requests < 1 || s.max_prefill_tokens < 0)
+    throw std::runtime_error("--prompt-tokens and --requests must be at least 1, --max-prefill-tokens at least 0");
+  for (const auto& list : {s.clients, s.contexts})
+    for (int64_t v : list)
+      if (v < 1) throw std::runtime_error("--clients and --contexts take numbers of at least 1");
+  if (!(s.memory_gib > 0)) throw std::runtime_error("--memory-gib must be greater than 0");
   if (s.models.empty()) {
     s.models = {"teacher"};
     for (const auto& k : mixer_kinds()) s.models.push_back(k);
@@ -252,7 +280,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << "error: " << binary_named(e.what()) << "\n";
     return 1;
   }
 }
