@@ -207,9 +207,13 @@ int main(int argc, char** argv) {
           throw std::runtime_error(name + ": request failed: " + (r ? r->body : httplib::to_string(r.error())));
         return json::parse(r->body)["usage"]["completion_tokens"].get<int64_t>();
       };
-      try {
+      try {  // the first request pays for the device's start-up work (kernel loading, library handles)
+        const auto w0 = Clock::now();
         httplib::Client warm("127.0.0.1", port);
+        warm.set_read_timeout(3600);
         send(warm);
+        std::cerr << name << ": first request " << std::fixed << std::setprecision(1)
+                  << std::chrono::duration<double>(Clock::now() - w0).count() << " s\n";
       } catch (...) {
         server.stop();
         serving.join();
