@@ -99,6 +99,15 @@ TEST(Study, TinyGridEndToEnd) {
   EXPECT_TRUE(fs::exists(out + "/report/results.json"));
   EXPECT_TRUE(fs::exists(out + "/report/niah_s_niah_1_large_default.svg"));
   EXPECT_TRUE(fs::exists(out + "/report/budget_small_default.svg"));
+  // --report-only writes the same report again from the results alone, and needs no device: a GPU study's
+  // report is rewritten on a machine without one.
+  fs::remove(out + "/report/report.md");
+  auto on_gpu = tiny_study();
+  on_gpu["device"] = "cuda";
+  o.report_only = true;
+  const auto again = run_study(parse_study(on_gpu, "tiny.json", out), o);
+  EXPECT_TRUE(again.finished);
+  EXPECT_EQ(read_file(out + "/report/report.md"), md);
 }
 
 // Stopped by its time limit (inside a teacher's or a student's training) and run again, a study ends with

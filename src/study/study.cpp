@@ -56,8 +56,10 @@ class Runner {
  public:
   Runner(const StudySpec& spec, const StudyOptions& o) : spec_(spec), o_(o), t0_(Clock::now()) {
     out_ = o.out.empty() ? (fs::path("runs") / spec.name).string() : o.out;
-    const std::string device = o.device.empty() ? spec.device : o.device;
-    device_ = parse_device_name(device, spec.file + ": device \"" + device + "\"");  // before anything runs
+    // Checked before anything runs; a report alone needs no device, so a GPU study's report can be
+    // rewritten on a machine without one.
+    const std::string device = o.report_only ? "cpu" : o.device.empty() ? spec.device : o.device;
+    device_ = parse_device_name(device, spec.file + ": device \"" + device + "\"");
     for (const auto& t : spec.teachers) refuse_output_inside(out_, t.path, "the teacher " + t.name + "'s folder");
     if (o.max_minutes > 0) deadline_ = t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_minutes * 60));
   }
