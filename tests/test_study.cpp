@@ -57,7 +57,7 @@ TEST(Study, TinyGridEndToEnd) {
   ASSERT_TRUE(outcome.finished);
   EXPECT_EQ(outcome.expected, 8);
   // Progress: each cell says what is left of the grid, timed by the cells of the same teacher so far.
-  for (const char* line : {"cell 1/4 small__gla__default__s0: distilling 10240 tokens (1 budgets branch off) [",
+  for (const char* line : {"cell 1/4 small__gla__default__s0: distilling 10240 tokens (1 budget branches off) [",
                            "cell 2/4 small__gated_deltanet__default__s0:", "cell 3/4 large__gla__default__s0:",
                            "cell 4/4 large__gated_deltanet__default__s0:"})
     EXPECT_NE(log.find(line), std::string::npos) << line << "\n" << log;

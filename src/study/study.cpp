@@ -399,9 +399,11 @@ class Runner {
       else alone.push_back(b);
     }
     for (const auto& [b, step] : branches) main.loop.snapshot_steps.push_back(step);
+    const std::string branching = branches.empty() ? ""
+                                  : branches.size() == 1 ? " (1 budget branches off)"
+                                                         : " (" + std::to_string(branches.size()) + " budgets branch off)";
     say("cell " + std::to_string(n) + "/" + std::to_string(total) + " " + c.id() + ": distilling " +
-        std::to_string(top) + " tokens" + (branches.empty() ? "" : " (" + std::to_string(branches.size()) + " budgets branch off)") +
-        " [" + minutes(elapsed()) + " so far" + eta + "]");
+        std::to_string(top) + " tokens" + branching + " [" + minutes(elapsed()) + " so far" + eta + "]");
     if (!is_model_folder(run)) {
       if (!distill(main).finished) throw OutOfTime{};
     }
