@@ -22,8 +22,9 @@ int cmd_study(const std::vector<std::string>& argv) {
       "[STUDY.json]",
       "presets (--preset NAME; --write FILE writes one out to copy and edit):\n"
       "  mini   CPU, about 15 minutes on 2 cores: three tiny teachers the study trains, seven mixers each\n"
-      "  gpu    one H100/H200: teachers of about 10M, 40M and 150M parameters trained by the study on\n"
-      "         ../shared/data prose and retrieval episodes, seven mixers each (--device cuda)\n"
+      "  gpu    one H100/H200, about 40 minutes: teachers t-10m, t-40m and t-150m (6.5M, 27M and 94M\n"
+      "         parameters) trained by the study on ../shared/data prose and retrieval episodes, seven mixers\n"
+      "         each (--device cuda; --only t-10m runs one teacher's row)\n"
       "  paper  the study's grid on your SmolLM2-135M/360M/1.7B folders (--teachers A,B,C) and tokens (--data)\n"
       "The file format is in src/study/study_spec.h and docs/study.md.",
       {{"preset", "NAME", "run a built-in study instead of a file: mini, gpu or paper"},

@@ -66,7 +66,7 @@ nlohmann::json study_preset(const std::string& name, const std::vector<std::stri
             {"device", "cpu"}};
   }
   if (name == "gpu") {
-    // One H100/H200: three teachers of about 10M, 40M and 150M parameters trained on prose of the shared
+    // One H100/H200: three teachers (6.5M, 27M and 94M parameters) trained on prose of the shared
     // corpus mixed with retrieval episodes; seven mixers each.
     return {{"name", "gpu"},
             {"notes", "GPU preset: teachers trained by the study on prose plus retrieval episodes; run with --device cuda."},
