@@ -144,10 +144,16 @@ TEST(BatchedDecode, PromptsPrefilledTogetherMatchEachPromptAlone) {
   EXPECT_THROW(prefill_rows(model, {&one, &none}, {&s1, &s2}), Error);
 }
 
+// Also through graphs (their eager stand-in here; the CUDA graphs themselves are checked against eager
+// steps in test_cuda_mixers.cpp): students position-free step in a graph per batch size, padded to a power
+// of two and refilled when the rows change; the teacher and RetNet stay eager.
 TEST(BatchedDecode, AStackedBatchKeptAcrossStepsAndChangesMatchesEachRowAlone) {
   torch::NoGradGuard no_grad;
-  for (const std::string name : {"teacher", "retnet", "kda"}) {
-    SCOPED_TRACE(name);
+  for (const auto& [name, graphs] : std::vector<std::pair<std::string, DecodeGraphs>>{
+           {"teacher", DecodeGraphs::off}, {"retnet", DecodeGraphs::off}, {"kda", DecodeGraphs::off},
+           {"teacher", DecodeGraphs::stand_in}, {"retnet", DecodeGraphs::stand_in}, {"kda", DecodeGraphs::stand_in},
+           {"gla", DecodeGraphs::stand_in}, {"mlstm", DecodeGraphs::stand_in}}) {
+    SCOPED_TRACE(name + (graphs == DecodeGraphs::stand_in ? " with graphs" : ""));
     auto model = tiny_model(name);
     std::vector<ModelState> together, alone;
     for (int64_t len : {6, 2, 9}) {
@@ -156,7 +162,7 @@ TEST(BatchedDecode, AStackedBatchKeptAcrossStepsAndChangesMatchesEachRowAlone) {
       model->forward(torch::tensor(std::vector<int64_t>(p.begin(), p.end()), torch::kLong).unsqueeze(0), &together.back());
       alone.push_back(together.back());
     }
-    DecodeBatch batch(model);
+    DecodeBatch batch(model, graphs);
     double worst = 0;
     // Steps 0-2: all three rows (stacked once); steps 3-4: row 1 has left; step 5: it is back, first.
     for (int step = 0; step < 6; ++step) {
@@ -174,6 +180,9 @@ TEST(BatchedDecode, AStackedBatchKeptAcrossStepsAndChangesMatchesEachRowAlone) {
     }
     batch.flush();
     EXPECT_LT(worst, 1e-5);
+    // Graphs for 4 rows (three padded) and 2; the third batch refills the first.
+    const bool graphed = graphs == DecodeGraphs::stand_in && name != "teacher" && name != "retnet";
+    EXPECT_EQ(batch.graphs_captured(), graphed ? 2 : 0);
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_EQ(together[i][0].position, alone[i][0].position);
       auto a = model->forward(torch::full({1, 1}, 5, torch::kLong), &together[i]);
@@ -202,11 +211,15 @@ TEST(Engine, ManyRequestsInFlightGiveTheGreedyTokensOfGenerate) {
       for (auto id : out) text += d.push(id);
       expected.push_back(text + d.flush());
     }
-    for (const int64_t prefill : {1, 8192}) {  // prompts prefilled alone, or together where they join together
-      SCOPED_TRACE("max_prefill_tokens " + std::to_string(prefill));
+    // Prompts prefilled alone, or together where they join together; and steps through graphs (their
+    // eager stand-in).
+    for (const auto& [prefill, graphs] : std::vector<std::pair<int64_t, DecodeGraphs>>{
+             {1, DecodeGraphs::off}, {8192, DecodeGraphs::off}, {8192, DecodeGraphs::stand_in}}) {
+      SCOPED_TRACE("max_prefill_tokens " + std::to_string(prefill) + (graphs == DecodeGraphs::stand_in ? ", graphs" : ""));
       EngineOptions eo;
       eo.max_sequences = 16;
       eo.max_prefill_tokens = prefill;
+      eo.graphs = graphs;
       Engine engine(model, tok, eo);
       std::vector<std::shared_ptr<Generation>> gens;
       for (int i = 0; i < 16; ++i) {

@@ -45,6 +45,7 @@ struct Settings {
   double memory_gib = 8;
   std::string device = "cpu";
   int64_t max_prefill_tokens = EngineOptions().max_prefill_tokens;
+  bool eager = false;
 };
 
 std::string joined(const std::vector<int64_t>& v) {
@@ -79,7 +80,8 @@ cli::CommandSpec command_spec() {
            {"memory-gib", "X", "memory budget of the sequences-that-fit table", cli::default_text(d.memory_gib)},
            {"contexts", "LIST", "context lengths of that table", joined(d.contexts)},
            {"max-prefill-tokens", "N", "as `linearize serve` (0: 8192 on a GPU, prompts alone on the CPU)",
-            cli::default_text(d.max_prefill_tokens)}},
+            cli::default_text(d.max_prefill_tokens)},
+           {"eager", "", "as `linearize serve`: decode without CUDA graphs"}},
           0,
           0};
 }
@@ -102,6 +104,7 @@ Settings parse(int argc, char** argv) {
   s.device = args.str("device");
   s.memory_gib = args.number("memory-gib");
   s.max_prefill_tokens = args.integer("max-prefill-tokens");
+  s.eager = args.flag("eager");
   if (s.prompt_tokens < 1 || s.requests < 1 || s.max_prefill_tokens < 0)
     throw std::runtime_error("--prompt-tokens and --requests must be at least 1, --max-prefill-tokens at least 0");
   for (const auto& list : {s.clients, s.contexts})
@@ -175,7 +178,8 @@ int main(int argc, char** argv) {
               << s.prompt_tokens << " prompt tokens, " << s.max_tokens << " new tokens per request, " << s.requests
               << " requests per client; random weights" << (device.is_cuda() ? ", bf16" : ", fp32")
               << "; --max-prefill-tokens " << s.max_prefill_tokens
-              << (s.max_prefill_tokens == 0 ? " (automatic: 8192 on a GPU, prompts alone on the CPU)" : "") << ".\n\n"
+              << (s.max_prefill_tokens == 0 ? " (automatic: 8192 on a GPU, prompts alone on the CPU)" : "")
+              << (device.is_cuda() ? (s.eager ? "; eager decoding" : "; students decode through CUDA graphs") : "") << ".\n\n"
               << "| model | clients | tokens/s | p50 latency s | p99 latency s | steps | tokens per step |\n"
               << "|---|---:|---:|---:|---:|---:|---:|\n";
     std::vector<std::pair<std::string, std::vector<int64_t>>> state_rows;
@@ -191,6 +195,7 @@ int main(int argc, char** argv) {
       eo.max_sequences = 512;
       eo.max_queue = 4096;
       eo.max_prefill_tokens = s.max_prefill_tokens;
+      if (s.eager) eo.graphs = DecodeGraphs::off;
       Engine engine(model, tok, eo);
       ServerOptions so;
       so.port = 0;

@@ -53,6 +53,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
                      "0: 8192 on a GPU, alone on the CPU)",
                      default_text(e.max_prefill_tokens)},
                     {"chat-max-tokens", "N", "max_tokens of a chat request that gives none", default_text(s.chat_max_tokens)},
+                    {"eager", "", "decode without CUDA graphs (students on a GPU step through one graph per batch size)"},
                     device_option()},
                    0,
                    0};
@@ -67,6 +68,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   eo.max_memory_gib = args.number("max-memory-gib");
   eo.max_context = args.integer("max-context");
   eo.max_prefill_tokens = args.integer("max-prefill-tokens");
+  if (args.flag("eager")) eo.graphs = DecodeGraphs::off;
   ServerOptions so;
   so.host = args.str("host");
   so.port = static_cast<int>(args.integer("port"));

@@ -2,7 +2,7 @@
 // gates, fused state update, the LM head) replays as one launch per token, so decoding is no longer
 // bound by the host issuing a thousand small kernels. Only for fixed-size states: students whose
 // mixers do not depend on the absolute position (not RetNet, which rotates by position; not the
-// teacher, whose KV cache grows). GPU build only; elsewhere `usable` says no.
+// teacher, whose KV cache grows). Graphs need the GPU build; the eager stand-in runs anywhere.
 #pragma once
 #include <torch/torch.h>
 
@@ -15,13 +15,18 @@ namespace linearize {
 
 class GraphedDecodeStep {
  public:
-  // Whether a graph can serve this model and state (CUDA, every layer's mixer position-free, a
-  // non-empty state); `why` receives the reason when not.
-  static bool usable(const CausalLM& model, const ModelState& state, std::string* why = nullptr);
+  // How steps run: a captured CUDA graph, or the stand-in that runs the model eagerly on the same
+  // buffers, so that CPU tests can check what callers do with a graph (serve/batched_decode.cpp).
+  enum class Replay { cuda_graph, eager };
+
+  // Whether a graph can serve this model and state (CUDA for a graph, every layer's mixer position-free,
+  // a non-empty state); `why` receives the reason when not.
+  static bool usable(const CausalLM& model, const ModelState& state, std::string* why = nullptr,
+                     Replay replay = Replay::cuda_graph);
 
   // Captures model->forward(ids [B, 1], &state) for the shapes of `state` (already filled by a
   // prefill) and takes over its contents. Throws linearize::Error when capture fails.
-  GraphedDecodeStep(CausalLM model, const ModelState& state, int64_t batch);
+  GraphedDecodeStep(CausalLM model, const ModelState& state, int64_t batch, Replay replay = Replay::cuda_graph);
   ~GraphedDecodeStep();
 
   // Feeds ids [B, 1] (int64, on the model's device); returns logits [B, 1, V]. The returned tensor is
@@ -30,6 +35,12 @@ class GraphedDecodeStep {
 
   // The current state (copies; positions advanced by the steps taken).
   ModelState state() const;
+
+  // Puts `state` into the buffers (another set of sequences of the same shapes: the same tensors,
+  // sizes and batch as captured), so that one graph serves them without a new capture.
+  void load(const ModelState& state);
+
+  int64_t batch() const;
 
  private:
   struct Impl;

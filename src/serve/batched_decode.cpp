@@ -2,6 +2,7 @@
 #include "serve/batched_decode.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "io/error.h"
 
@@ -117,6 +118,53 @@ torch::Tensor prefill_rows(CausalLM& model, const std::vector<const std::vector<
   return torch::cat(logits, 0).to(torch::kFloat);
 }
 
+DecodeBatch::~DecodeBatch() = default;
+
+namespace {
+
+// `t` with its first row repeated until it has `size` rows.
+torch::Tensor pad_rows(const torch::Tensor& t, int64_t size) {
+  if (t.size(0) >= size) return t;
+  std::vector<int64_t> reps(static_cast<size_t>(t.dim()), 1);
+  reps[0] = size - t.size(0);
+  return torch::cat({t, t.narrow(0, 0, 1).repeat(reps)}, 0);
+}
+
+GraphedDecodeStep::Replay replay_of(DecodeGraphs graphs) {
+  return graphs == DecodeGraphs::stand_in ? GraphedDecodeStep::Replay::eager : GraphedDecodeStep::Replay::cuda_graph;
+}
+
+}  // namespace
+
+bool DecodeBatch::graphable(const ModelState& state) const {
+  return graphs_ != DecodeGraphs::off && GraphedDecodeStep::usable(model_, state, nullptr, replay_of(graphs_));
+}
+
+bool DecodeBatch::enter_graph() {
+  if (!graphable(merged_)) return false;
+  const int64_t N = static_cast<int64_t>(members_.size());
+  int64_t size = 1;
+  while (size < N) size *= 2;
+  ModelState padded = merged_;  // no per-row positions: the mixers a graph serves have none
+  for (auto& layer : padded) {
+    layer.tensors.erase("row_position");
+    for (auto& [name, t] : layer.tensors) t = pad_rows(t, size);
+  }
+  auto& graph = graph_by_batch_[size];
+  try {
+    if (graph) graph->load(padded);
+    else graph = std::make_unique<GraphedDecodeStep>(model_, padded, size, replay_of(graphs_));
+  } catch (const std::exception& e) {
+    std::cerr << "[decode] decoding without CUDA graphs: " << e.what() << "\n";
+    graph_by_batch_.erase(size);
+    graphs_ = DecodeGraphs::off;
+    return false;
+  }
+  graph_ = graph.get();
+  merged_.clear();  // the graph's buffers hold the state now
+  return true;
+}
+
 torch::Tensor DecodeBatch::step(const std::vector<DecodeRow>& rows) {
   torch::NoGradGuard no_grad;
   const auto device = model_->lm_head_weight().device();
@@ -129,7 +177,8 @@ torch::Tensor DecodeBatch::step(const std::vector<DecodeRow>& rows) {
   for (int64_t i = 0; same && i < N; ++i) same = members_[i] == rows[i].state;
   if (!same) {
     flush();
-    if (N == 1) return model_->forward(input, rows[0].state).select(1, -1).to(torch::kFloat);
+    if (N == 1 && !graphable(*rows[0].state))  // alone: on its own state, nothing stacked
+      return model_->forward(input, rows[0].state).select(1, -1).to(torch::kFloat);
     const size_t L = static_cast<size_t>(model_->num_layers());
     attention_.assign(L, false);
     merged_.assign(L, LayerState());
@@ -142,6 +191,12 @@ torch::Tensor DecodeBatch::step(const std::vector<DecodeRow>& rows) {
       positions_.push_back(r.state->at(0).position);
       for (auto& layer : *r.state) layer.tensors.clear();  // held by the batch until flush()
     }
+    enter_graph();
+  }
+  if (graph_) {  // rows past N feed row 0's token; the logits are copied out of the graph's buffer
+    auto logits = graph_->step(pad_rows(input, graph_->batch())).narrow(0, 0, N).select(1, -1).to(torch::kFloat, false, true);
+    for (auto& p : positions_) ++p;
+    return logits;
   }
   auto logits = model_->forward(input, &merged_).select(1, -1).to(torch::kFloat);  // [N,V]
   for (auto& p : positions_) ++p;
@@ -153,6 +208,14 @@ torch::Tensor DecodeBatch::step(const std::vector<DecodeRow>& rows) {
 }
 
 void DecodeBatch::flush() {
+  if (graph_) {  // each row's part of a copy of the graph's buffers
+    const ModelState all = graph_->state();
+    for (size_t i = 0; i < members_.size(); ++i)
+      for (size_t l = 0; l < all.size(); ++l)
+        members_[i]->at(l) = row_of(all[l], static_cast<int64_t>(i), false, 0, positions_[i]);
+    forget();
+    return;
+  }
   // Each row's part: views into the batch's tensors (a row that later decodes alone copies its cache
   // before writing, model/llama.cpp).
   for (size_t i = 0; i < members_.size(); ++i)

@@ -9,8 +9,11 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
+#include <memory>
 #include <vector>
 
+#include "infer/graphed_step.h"
 #include "model/causal_lm.h"
 
 namespace linearize {
@@ -30,25 +33,45 @@ torch::Tensor decode_rows(CausalLM& model, const std::vector<DecodeRow>& rows);
 torch::Tensor prefill_rows(CausalLM& model, const std::vector<const std::vector<int32_t>*>& prompts,
                            const std::vector<ModelState*>& states);
 
+// Whether a DecodeBatch steps through captured CUDA graphs (infer/graphed_step.h) where the model allows
+// it (a student on CUDA whose mixers do not depend on the position): one launch per step instead of
+// hundreds. `stand_in` takes the same path on any device with the graph's eager stand-in (tests).
+enum class DecodeGraphs { off, on, stand_in };
+
 // The same across steps: while the same rows (the same states, in the same order) continue, their
 // stacked state stays stacked and nothing is copied between steps; the rows' own states are written
 // back (flush) when the batch changes, or when the caller needs them.
+// With graphs, the stacked state lives in the buffers of a graph captured for a batch of the next power
+// of two (rows past the real ones repeat the first); one graph per such size is kept and refilled
+// (GraphedDecodeStep::load) when the rows change, so a new capture happens once per size.
 class DecodeBatch {
  public:
-  explicit DecodeBatch(CausalLM model) : model_(std::move(model)) {}
+  explicit DecodeBatch(CausalLM model, DecodeGraphs graphs = DecodeGraphs::off)
+      : model_(std::move(model)), graphs_(graphs) {}
+  ~DecodeBatch();
   torch::Tensor step(const std::vector<DecodeRow>& rows);  // as decode_rows
   // Writes the stacked state back into each row's own state; the next step stacks again. Call it before
   // a row's state is read or freed.
   void flush();
   // Drops the stacked state without writing it back (the rows' states are gone).
-  void forget() { members_.clear(), merged_.clear(), positions_.clear(); }
+  void forget() { members_.clear(), merged_.clear(), positions_.clear(), graph_ = nullptr; }
+  // Graphs captured so far (one per batch size used).
+  int64_t graphs_captured() const { return static_cast<int64_t>(graph_by_batch_.size()); }
 
  private:
+  bool graphable(const ModelState& state) const;  // graphs are on and can serve this model and state
+  // Moves merged_ into a graph for its batch (captured now if that size has none); false when the model
+  // cannot be graphed or capture fails (then graphs stay off for this batch and merged_ stays).
+  bool enter_graph();
+
   CausalLM model_;
-  std::vector<ModelState*> members_;  // the rows of merged_, in order
+  DecodeGraphs graphs_;
+  std::vector<ModelState*> members_;  // the rows of merged_ (or of graph_'s buffers), in order
   std::vector<int64_t> positions_;    // each row's position (tokens seen)
   std::vector<bool> attention_;       // per layer: a KV cache (left-padded) or stackable tensors
   ModelState merged_;
+  std::map<int64_t, std::unique_ptr<GraphedDecodeStep>> graph_by_batch_;
+  GraphedDecodeStep* graph_ = nullptr;  // holds the members' stacked state, when graphed
 };
 
 }  // namespace linearize

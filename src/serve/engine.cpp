@@ -93,7 +93,7 @@ Engine::Engine(CausalLM model, std::shared_ptr<const Tokenizer> tokenizer, const
   }
   if (options_.max_prefill_tokens == 0)
     options_.max_prefill_tokens = model_->lm_head_weight().device().is_cpu() ? 1 : 8192;
-  batch_ = std::make_unique<DecodeBatch>(model_);
+  batch_ = std::make_unique<DecodeBatch>(model_, options_.graphs);
   thread_ = std::thread([this] { loop(); });
 }
 

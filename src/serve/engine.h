@@ -31,6 +31,9 @@ struct EngineOptions {
   // GPU, 1 on the CPU, where batching measured from 45% slower (GLA) to 25% faster (Gated DeltaNet) on two
   // cores (docs/serve.md).
   int64_t max_prefill_tokens = 0;
+  // Students on a GPU step through captured CUDA graphs, one per batch size used (serve/batched_decode.h);
+  // off: eager steps, a launch per kernel.
+  DecodeGraphs graphs = DecodeGraphs::on;
 };
 
 struct GenerationRequest {
