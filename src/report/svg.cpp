@@ -50,10 +50,11 @@ double nice_step(double span, int n) {
   return 10 * p;
 }
 
+// Three significant digits past a thousand: a teacher of 27402752 parameters reads 27.4M.
 std::string tick_label(double v) {
-  if (std::fabs(v) >= 1e9) return fmt("%gB", v / 1e9);
-  if (std::fabs(v) >= 1e6) return fmt("%gM", v / 1e6);
-  if (std::fabs(v) >= 1e4) return fmt("%gk", v / 1e3);
+  if (std::fabs(v) >= 1e9) return fmt("%.3gB", v / 1e9);
+  if (std::fabs(v) >= 1e6) return fmt("%.3gM", v / 1e6);
+  if (std::fabs(v) >= 1e4) return fmt("%.3gk", v / 1e3);
   return fmt("%g", v);
 }
 
