@@ -39,7 +39,7 @@ std::vector<OptionSpec> training_options(const TrainLoopOptions& d, int64_t seq_
       {"stop-after", "N", "stop after step N's checkpoint, as if killed (for testing resume)"},
       {"quiet", "", "no progress lines"},
       {"recompute", "", "recompute each layer's activations in backward: much less memory, one more forward pass per layer"},
-      {"deterministic", "", "deterministic GPU algorithms only: the same run on the same kind of GPU gives the same weights; slower"},
+      {"deterministic", "", "deterministic GPU algorithms only: the same run on the same kind of GPU gives the same weights; slower, and an op without one stops the run"},
       {"config", "FILE", "JSON file with any of these options ({\"seq-len\": 512, ...})"},
       device_option(),
   };

@@ -67,9 +67,12 @@ std::string snapshot_dir(const std::string& run_dir, const std::string& name, in
 
 namespace {
 
-// PyTorch's deterministic mode for a scope, as it was afterwards. Ops without a deterministic form warn
-// rather than fail. cuBLAS needs a fixed workspace for repeatable results; its variable is read when cuBLAS
-// starts, so it is set here only if the process has not set it (a study's first GPU work is this loop).
+// PyTorch's deterministic mode for a scope, as it was afterwards. Strict: in warn-only mode SDPA's
+// backward keeps its non-deterministic split-key kernels (warning once), so the same run would not repeat;
+// strict, it takes its deterministic ones, and an op without a deterministic form stops the run with
+// PyTorch's error naming it. cuBLAS needs a fixed workspace for repeatable results; its variable is read
+// when cuBLAS starts, so it is set here only if the process has not set it (a study's first GPU work is
+// this loop).
 class DeterministicScope {
  public:
   explicit DeterministicScope(bool on)
@@ -77,7 +80,7 @@ class DeterministicScope {
         was_warn_(at::globalContext().deterministicAlgorithmsWarnOnly()) {
     if (!on_) return;
     ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/true);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
   }
   ~DeterministicScope() {
     if (on_) at::globalContext().setDeterministicAlgorithms(was_, was_warn_);
