@@ -179,7 +179,7 @@ int main(int argc, char** argv) {
               << " requests per client; random weights" << (device.is_cuda() ? ", bf16" : ", fp32")
               << "; --max-prefill-tokens " << s.max_prefill_tokens
               << (s.max_prefill_tokens == 0 ? " (automatic: 8192 on a GPU, prompts alone on the CPU)" : "")
-              << (device.is_cuda() ? (s.eager ? "; eager decoding" : "; students decode through CUDA graphs") : "") << ".\n\n"
+              << (device.is_cuda() ? (s.eager ? "; eager decoding" : "; students but RetNet decode through CUDA graphs") : "") << ".\n\n"
               << "| model | clients | tokens/s | p50 latency s | p99 latency s | steps | tokens per step |\n"
               << "|---|---:|---:|---:|---:|---:|---:|\n";
     std::vector<std::pair<std::string, std::vector<int64_t>>> state_rows;
