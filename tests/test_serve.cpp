@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "infer/generate.h"
+#include "infer/sampler.h"
 #include "io/error.h"
 #include "io/tokenizer.h"
 #include "model/model_io.h"
@@ -190,6 +191,33 @@ TEST(BatchedDecode, AStackedBatchKeptAcrossStepsAndChangesMatchesEachRowAlone) {
       EXPECT_LT(test::rel_err(a, b), 1e-5) << "row " << i;
     }
   }
+}
+
+// The engine picks each step's tokens for the whole batch at once (one transfer from the device): row i
+// gets what its own sampler gives it alone, greedy (ties to the first maximum) or seeded sampling.
+TEST(Sampling, NextTokensOfABatchAreEachRowsOwn) {
+  torch::manual_seed(4);
+  auto logits = torch::randn({5, 40});
+  logits[2][7] = logits[2][31] = 9.0;  // a tie: the first maximum wins
+  std::vector<SamplingOptions> options(5);
+  for (int pass = 0; pass < 2; ++pass) {  // all greedy (argmax over the batch), then mixed
+    if (pass == 1) {
+      options[1].greedy = false, options[1].temperature = 0.8, options[1].seed = 7;
+      options[3].greedy = false, options[3].top_p = 0.5, options[3].seed = 9;
+    }
+    std::vector<Sampler> batch, alone;
+    for (const auto& o : options) batch.emplace_back(o), alone.emplace_back(o);
+    std::vector<Sampler*> ptrs;
+    for (auto& b : batch) ptrs.push_back(&b);
+    for (int step = 0; step < 3; ++step) {
+      const auto got = next_tokens(logits, ptrs);
+      ASSERT_EQ(got.size(), 5u);
+      for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(got[i], alone[i].next(logits[i])) << "pass " << pass << " row " << i;
+      EXPECT_EQ(got[2], 7);
+    }
+  }
+  std::vector<Sampler*> too_few;
+  EXPECT_THROW(next_tokens(logits, too_few), Error);
 }
 
 TEST(Engine, ManyRequestsInFlightGiveTheGreedyTokensOfGenerate) {

@@ -40,4 +40,19 @@ int64_t Sampler::next(const torch::Tensor& logits) {
   return order[keep - 1];
 }
 
+std::vector<int64_t> next_tokens(const torch::Tensor& logits, const std::vector<Sampler*>& samplers) {
+  if (logits.dim() != 2 || logits.size(0) != static_cast<int64_t>(samplers.size()))
+    throw Error("next_tokens: logits [N, V] and one sampler per row");
+  std::vector<int64_t> out(samplers.size());
+  const bool all_greedy = std::all_of(samplers.begin(), samplers.end(), [](const Sampler* s) { return s->greedy(); });
+  if (all_greedy) {  // as next(): the float logits' first maximum
+    const auto ids = logits.detach().to(torch::kFloat).argmax(-1).to(torch::kCPU).contiguous();
+    std::copy(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel(), out.begin());
+    return out;
+  }
+  const auto host = logits.detach().to(torch::kCPU, torch::kFloat).contiguous();
+  for (size_t i = 0; i < samplers.size(); ++i) out[i] = samplers[i]->next(host[static_cast<int64_t>(i)]);
+  return out;
+}
+
 }  // namespace linearize

@@ -216,8 +216,11 @@ void Engine::admit(std::vector<std::unique_ptr<Sequence>>& group) {
     for (int32_t id : s->request.decode_after) s->decoder.push(id);
   }
   const auto logits = prefill_rows(model_, prompts, states);  // [N, V]
+  std::vector<Sampler*> samplers;
+  for (auto& s : group) samplers.push_back(&s->sampler);
+  const auto next = next_tokens(logits, samplers);
   for (size_t i = 0; i < group.size(); ++i)
-    if (emit(*group[i], static_cast<int32_t>(group[i]->sampler.next(logits[static_cast<int64_t>(i)])))) group[i].reset();
+    if (emit(*group[i], static_cast<int32_t>(next[i]))) group[i].reset();
 }
 
 // By prompt length, each group's shortest prompt at least half its longest (the shared batch covers half
@@ -310,9 +313,11 @@ void Engine::loop() {
       running_.clear();
       continue;
     }
+    std::vector<Sampler*> samplers;
+    for (auto& s : running_) samplers.push_back(&s->sampler);
+    const auto next = next_tokens(logits, samplers);  // one transfer from the device per step
     std::vector<bool> finished(running_.size());
-    for (size_t i = 0; i < running_.size(); ++i)
-      finished[i] = emit(*running_[i], static_cast<int32_t>(running_[i]->sampler.next(logits[static_cast<int64_t>(i)])));
+    for (size_t i = 0; i < running_.size(); ++i) finished[i] = emit(*running_[i], static_cast<int32_t>(next[i]));
     if (std::find(finished.begin(), finished.end(), true) != finished.end()) {
       batch_->flush();  // before any state it holds views of goes
       for (size_t i = 0; i < running_.size(); ++i)
