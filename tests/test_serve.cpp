@@ -270,6 +270,12 @@ TEST(Engine, ManyRequestsInFlightGiveTheGreedyTokensOfGenerate) {
       }
       const auto s = engine.stats();
       EXPECT_LT(s.steps, 16 * 16) << "the requests were not batched";
+      // A warm-up request (serve runs one on a GPU before listening) ends and leaves nothing behind.
+      EXPECT_GE(engine.warm_up(), 0.0);
+      const auto after = engine.stats();
+      EXPECT_EQ(after.running, 0);
+      EXPECT_EQ(after.waiting, 0);
+      EXPECT_EQ(after.reserved_bytes, 0);
       EXPECT_EQ(s.running, 0);
       EXPECT_EQ(s.reserved_bytes, 0);
     }

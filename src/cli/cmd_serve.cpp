@@ -1,6 +1,7 @@
 // linearize serve: an OpenAI-compatible HTTP server for a teacher or student (serve/http_server.h).
 #include <csignal>
 #include <filesystem>
+#include <iomanip>
 #include <iostream>
 #include <thread>
 
@@ -92,6 +93,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   auto model = load_model(folder, lo);
   std::shared_ptr<const Tokenizer> tok = model_tokenizer(folder);
   Engine engine(model, tok, eo);
+  if (lo.device.is_cuda()) std::cerr << "[serve] warmed up in " << std::fixed << std::setprecision(1) << engine.warm_up() << " s\n";
   HttpServer server(engine, *tok, model->config, so);
   const int port = server.bind();
   std::cerr << "[serve] " << so.model_name << " (" << folder << ") on http://" << so.host << ":" << port

@@ -149,6 +149,18 @@ void Engine::shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+double Engine::warm_up() {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (max_context_ < 3) return 0;  // no request of its size fits
+  GenerationRequest r;
+  r.prompt = {0};
+  r.max_tokens = 2;  // a prefill and one decoding step
+  auto g = submit(std::move(r));
+  while (g->wait(std::chrono::milliseconds(100)).finish == Finish::running) {
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 Engine::Stats Engine::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   Stats s;

@@ -94,6 +94,10 @@ class Engine {
   std::shared_ptr<Generation> submit(GenerationRequest request);
   // Cancels everything queued or in flight and stops the loop (the destructor does too).
   void shutdown();
+  // Runs one short request through the model and waits for it, so that the device's start-up work
+  // (loading kernels, library handles, the first CUDA graph) is done before the first client comes.
+  // Returns its seconds.
+  double warm_up();
 
   struct Stats {
     int64_t running = 0, waiting = 0;
