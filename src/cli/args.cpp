@@ -20,7 +20,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 Args::Args(const CommandSpec& spec, const std::vector<std::string>& argv) : spec_(spec) {
-  const std::string where = "linearize " + spec.name;
+  const std::string where = spec.title();
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (a == "--help" || a == "-h") {
@@ -72,13 +72,13 @@ void Args::check_numbers() const {
 void Args::check_required() const {
   for (const auto& o : spec_.options)
     if (o.required && !values_.count(o.name))
-      throw Error("linearize " + spec_.name + ": missing required option --" + o.name + " " + o.value_name);
+      throw Error(spec_.title() + ": missing required option --" + o.name + " " + o.value_name);
 }
 
 const OptionSpec& Args::spec_of(const std::string& name) const {
   for (const auto& o : spec_.options)
     if (o.name == name) return o;
-  throw Error("linearize " + spec_.name + ": unknown option --" + name + " (see --help)");
+  throw Error(spec_.title() + ": unknown option --" + name + " (see --help)");
 }
 
 bool Args::knows(const std::string& name) const {
@@ -103,7 +103,7 @@ std::optional<std::string> Args::maybe(const std::string& name) const {
 
 std::string Args::str(const std::string& name) const {
   auto v = maybe(name);
-  if (!v) throw Error("linearize " + spec_.name + ": option --" + name + " is required");
+  if (!v) throw Error(spec_.title() + ": option --" + name + " is required");
   return *v;
 }
 
@@ -124,6 +124,7 @@ const std::map<std::string, Range>& option_ranges() {
       {"max-steps", {1}}, {"tokens", {1}}, {"threads", {1}}, {"samples", {1}}, {"max-new-tokens", {1}},
       {"log-every", {1}}, {"shard-tokens", {1}}, {"nproc-per-node", {1}}, {"limit", {1}}, {"max-tokens", {1}},
       {"checkpoint-every", {0}}, {"stop-after", {1}}, {"max-bytes", {0}}, {"seed", {0}}, {"vocab", {260}},
+      {"prompt-tokens", {1}}, {"requests", {1}}, {"max-prefill-tokens", {0}}, {"memory-gib", {0, INFINITY, true}},
       // optimisation
       {"lr", {0, INFINITY, true}}, {"lr1", {0, INFINITY, true}}, {"lr2", {0, INFINITY, true}},
       {"lr3", {0, INFINITY, true}}, {"sft-lr", {0, INFINITY, true}}, {"warmup", {0, 1}}, {"clip", {0}},
@@ -144,7 +145,7 @@ std::string plain_number(double v) {
 }  // namespace
 
 void Args::check_range(const std::string& name, double v) const {
-  const std::string where = "linearize " + spec_.name + ": --" + name;
+  const std::string where = spec_.title() + ": --" + name;
   if (!std::isfinite(v)) throw Error(where + " must be a finite number, got \"" + str(name) + "\"");
   auto it = option_ranges().find(name);
   if (it == option_ranges().end()) return;
@@ -167,7 +168,7 @@ int64_t Args::integer(const std::string& name) const {
     d = std::stod(v, &used);  // accepts 1e6 for token budgets
     if (used != v.size() || !(std::fabs(d) < 9.2e18) || d != static_cast<double>(static_cast<int64_t>(d))) throw 0;
   } catch (...) {
-    throw Error("linearize " + spec_.name + ": --" + name + " expects an integer, got \"" + v + "\"");
+    throw Error(spec_.title() + ": --" + name + " expects an integer, got \"" + v + "\"");
   }
   check_range(name, d);
   return static_cast<int64_t>(d);
@@ -181,7 +182,7 @@ double Args::number(const std::string& name) const {
     d = std::stod(v, &used);
     if (used != v.size()) throw 0;
   } catch (...) {
-    throw Error("linearize " + spec_.name + ": --" + name + " expects a number, got \"" + v + "\"");
+    throw Error(spec_.title() + ": --" + name + " expects a number, got \"" + v + "\"");
   }
   check_range(name, d);
   return d;
@@ -197,7 +198,7 @@ std::vector<int64_t> Args::int_list(const std::string& name) const {
       out.push_back(std::stoll(s, &used));
       if (used != s.size()) throw 0;
     } catch (...) {
-      throw Error("linearize " + spec_.name + ": --" + name + " expects a comma-separated list of integers, got \"" + s + "\"");
+      throw Error(spec_.title() + ": --" + name + " expects a comma-separated list of integers, got \"" + s + "\"");
     }
   }
   return out;
@@ -219,7 +220,7 @@ void Args::apply_config_file(const std::string& path) {
     for (const auto& o : spec_.options)
       if (o.name == name) spec = &o;
     if (!spec || name == "config")
-      throw Error(path + ": unknown key \"" + it.key() + "\" for linearize " + spec_.name + " (see --help)");
+      throw Error(path + ": unknown key \"" + it.key() + "\" for " + spec_.title() + " (see --help)");
     if (values_.count(name)) continue;  // the command line wins
     const auto& v = it.value();
     if (spec->value_name.empty()) {
@@ -243,7 +244,7 @@ void Args::apply_config_file(const std::string& path) {
 
 std::string help_text(const CommandSpec& spec) {
   std::ostringstream h;
-  h << "usage: linearize " << spec.name;
+  h << "usage: " << spec.title();
   if (!spec.usage.empty()) h << " " << spec.usage;
   if (!spec.options.empty()) h << " [options]";
   h << "\n\n" << spec.summary << "\n";
@@ -280,6 +281,10 @@ std::string default_text(const std::vector<double>& v, char sep) {
 }
 
 std::string default_text(const std::vector<int>& v, char sep) {
+  return default_text(std::vector<int64_t>(v.begin(), v.end()), sep);
+}
+
+std::string default_text(const std::vector<int64_t>& v, char sep) {
   std::string out;
   for (size_t i = 0; i < v.size(); ++i) out += (i ? std::string(1, sep) : "") + std::to_string(v[i]);
   return out;

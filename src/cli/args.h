@@ -28,6 +28,9 @@ struct CommandSpec {
   std::string details;   // free text after the options in --help
   std::vector<OptionSpec> options;
   int min_positional = 0, max_positional = 0;
+  std::string program = "linearize";  // the binary (the benches have their own)
+  // How help and errors name the command: "linearize eval ppl", or the program alone when `name` is empty.
+  std::string title() const { return name.empty() ? program : program + " " + name; }
 };
 
 class Args {
@@ -71,6 +74,7 @@ std::string default_text(double v);
 std::string default_text(int64_t v);
 std::string default_text(const std::vector<double>& v, char sep);
 std::string default_text(const std::vector<int>& v, char sep);
+std::string default_text(const std::vector<int64_t>& v, char sep);
 
 std::vector<std::string> split(const std::string& s, char sep);
 
