@@ -31,6 +31,16 @@ namespace {
 using cuda_test::NoTf32;
 using test::rel_err;
 
+// The decode tests' teacher: a small Llama (hidden 64, 2 layers) with random weights, on CUDA.
+CausalLM small_cuda_teacher(uint64_t seed) {
+  const auto c = test::small_llama(200, 64, 2, 4, 2, 128);
+  torch::manual_seed(seed);
+  CausalLM teacher(c);
+  init_weights_normal(*teacher, 0.1);
+  teacher->to(torch::kCUDA);
+  return teacher;
+}
+
 // ---- mixers on CUDA -------------------------------------------------------------------------------
 
 // Every mixer's layer (head size 64) trained as the trainer runs it, under bf16 autocast, takes the fused
@@ -192,11 +202,8 @@ TEST(CudaDecode, GraphedStepMatchesEagerStep) {
   REQUIRE_CUDA();
   NoTf32 no_tf32;
   at::globalContext().setAllowTF32CuDNN(false);
-  const auto c = test::small_llama(200, 64, 2, 4, 2, 128);
-  torch::manual_seed(5);
-  CausalLM teacher(c);
-  init_weights_normal(*teacher, 0.1);
-  teacher->to(torch::kCUDA);
+  CausalLM teacher = small_cuda_teacher(5);
+  const auto& c = teacher->config;
   torch::NoGradGuard no_grad;
   const int64_t B = 3;
   auto prompt = torch::randint(0, c.vocab_size, {B, 10}, torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA));
@@ -240,11 +247,8 @@ TEST(CudaDecode, GraphedStepMatchesEagerStep) {
 TEST(CudaDecode, GraphedBatchesMatchEagerBatches) {
   REQUIRE_CUDA();
   NoTf32 no_tf32;
-  const auto c = test::small_llama(200, 64, 2, 4, 2, 128);
-  torch::manual_seed(6);
-  CausalLM teacher(c);
-  init_weights_normal(*teacher, 0.1);
-  teacher->to(torch::kCUDA);
+  CausalLM teacher = small_cuda_teacher(6);
+  const auto& c = teacher->config;
   torch::NoGradGuard no_grad;
   for (const auto& kind : mixer_kinds()) {
     if (kind == "retnet") continue;  // position-dependent: never graphed
