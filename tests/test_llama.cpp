@@ -147,6 +147,49 @@ TEST(Llama, DecodeWithCacheEqualsFullForward) {
   EXPECT_LT(test::rel_err(again, full.narrow(1, 7, 12)), 1e-5);
 }
 
+// Packed for inference (model/packed_projections.h): q, k, v and the MLP's gate and up as one product
+// each give the same logits, whole sequence and decode; the packed model saves and loads as any other;
+// a move to another dtype ends the packing without changing the results.
+TEST(Llama, PackedProjectionsGiveTheSameLogits) {
+  torch::manual_seed(3);
+  LlamaConfig c;
+  c.vocab_size = 61; c.hidden_size = 32; c.intermediate_size = 40; c.num_hidden_layers = 2;
+  c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8; c.rope_theta = 1e4;
+  c.qkv_bias = c.o_bias = true; c.tie_word_embeddings = true; c.raw = {{"model_type", "llama"}};
+  CausalLM model(c);
+  init_weights_normal(*model, 0.2);
+  torch::NoGradGuard ng;
+  auto ids = torch::randint(0, c.vocab_size, {2, 11}, torch::kLong);
+  auto run = [&](CausalLM& m) {  // whole sequence; prefill 10 tokens and decode the last
+    ModelState st = m->new_state();
+    auto prefix = m->forward(ids.narrow(1, 0, 10), &st);
+    return std::make_pair(m->forward(ids), torch::cat({prefix, m->forward(ids.narrow(1, 10, 1), &st)}, 1));
+  };
+  const auto [full, stepped] = run(model);
+  model->pack_projections();
+  for (int64_t i = 0; i < model->num_layers(); ++i) {
+    ASSERT_TRUE(model->layer(i)->mixer->projections_packed()) << "layer " << i;
+    ASSERT_TRUE(model->layer(i)->mlp->gate_up.packed()) << "layer " << i;
+  }
+  const auto [packed_full, packed_stepped] = run(model);
+  EXPECT_LT(test::rel_err(packed_full, full), 1e-5);
+  EXPECT_LT(test::rel_err(packed_stepped, stepped), 1e-5);
+
+  const std::string dir = (fs::temp_directory_path() / ("linearize_packed_" + std::to_string(::getpid()))).string();
+  save_model(model, dir);
+  LoadOptions lo;
+  lo.inference = true;
+  auto loaded = load_model(dir, lo);
+  ASSERT_TRUE(loaded->layer(1)->mixer->projections_packed());
+  EXPECT_LT(test::rel_err(loaded->forward(ids), full), 1e-5);
+  remove_tree(dir);
+
+  model->to(torch::kDouble);
+  EXPECT_FALSE(model->layer(0)->mixer->projections_packed());
+  EXPECT_FALSE(model->layer(0)->mlp->gate_up.packed());
+  EXPECT_LT(test::rel_err(model->forward(ids).to(torch::kFloat), full), 1e-5);
+}
+
 // Attention with grouped KV heads (each KV head read by H / Hkv query heads, no copy) against fp64 scores with
 // the heads spread, on the CPU and, where there is one, the GPU (flash in bf16): a whole causal sequence, one
 // query over a cache, a block of queries over a longer cache (the bottom-right causal mask), no mask, and an

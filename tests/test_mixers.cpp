@@ -206,6 +206,46 @@ TEST(MixerState, DecodePrefillSnapshotMatchFullForward) {
   }
 }
 
+// Packed input projections (model/packed_projections.h) give the outputs of the layers run one by one,
+// whole sequence and decode, and step aside for training: gradients still reach every weight.
+TEST(MixerState, PackedProjectionsMatchTheLayersOneByOne) {
+  torch::manual_seed(2);
+  const int64_t B = 2, T = 19;
+  for (const auto& [name, cfg] : small_cases()) {
+    SCOPED_TRACE(name);
+    auto m = make_mixer(cfg);
+    perturb(*m);
+    const auto x = torch::randn({B, T, cfg.hidden_size});
+    auto run = [&] {  // the whole sequence, then a prefill of T - 1 tokens and one decode step
+      torch::NoGradGuard no_grad;
+      LayerState s;
+      auto prefix = m->forward(x.narrow(1, 0, T - 1), &s);
+      return std::make_pair(m->forward(x, nullptr), torch::cat({prefix, m->forward(x.narrow(1, T - 1, 1), &s)}, 1));
+    };
+    const auto [full, stepped] = run();
+    const auto weights_before = torch::cat([&] {
+      std::vector<torch::Tensor> flat;
+      for (const auto& p : m->parameters()) flat.push_back(p.detach().flatten().clone());
+      return flat;
+    }());
+    ASSERT_FALSE(m->projections_packed());
+    m->pack_projections();
+    ASSERT_TRUE(m->projections_packed());
+    const auto [packed_full, packed_stepped] = run();
+    EXPECT_LE(rel_err(packed_full, full), 1e-5) << name << ": whole sequence";
+    EXPECT_LE(rel_err(packed_stepped, stepped), 1e-5) << name << ": prefill + decode";
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : m->parameters()) flat.push_back(p.detach().flatten());
+    EXPECT_TRUE(torch::equal(torch::cat(flat), weights_before)) << name << ": packing changed a weight";
+
+    auto y = m->forward(x, nullptr);
+    EXPECT_LE(rel_err(y.detach(), full), 1e-5) << name << ": with gradients";
+    y.pow(2).sum().backward();
+    for (const auto& item : m->named_parameters())
+      EXPECT_TRUE(item.value().grad().defined()) << name << ": no gradient for " << item.key();
+  }
+}
+
 TEST(MixerState, BackwardReachesEveryParameter) {
   torch::manual_seed(1);
   for (const auto& [name, cfg] : small_cases()) {

@@ -233,7 +233,7 @@ TEST(Teachers, SavedFoldersLoadBackAndStudentsCarryBiasesAndNorms) {
                        : kind == MixerKind::gla ? dynamic_cast<GLA*>(mixer)->q_norm
                                                 : RMSNorm(nullptr);
         if (proj) {
-          EXPECT_LT(test::rel_err(mixers::project(proj, norm, x), teacher_q), 1e-6);
+          EXPECT_LT(test::rel_err(mixers::head_norm(norm, proj(x)), teacher_q), 1e-6);
         }
         const std::string sdir = test::fresh_dir("teachers", "qwen3_" + to_string(kind));
         save_student(student, spec, sdir, "");

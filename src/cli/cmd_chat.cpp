@@ -33,6 +33,7 @@ int cmd_chat(const std::vector<std::string>& argv) {
   const std::string folder = args.str("model");
   LoadOptions lo;
   lo.device = parse_device(args.str("device"));
+  lo.inference = true;
   auto model = load_model(folder, lo);
   auto tok = model_tokenizer(folder);
   std::string note;

@@ -29,6 +29,7 @@ struct EvalModel {
 EvalModel load_eval_model(const std::string& folder, const Args& args) {
   LoadOptions lo;
   lo.device = parse_device(args.str("device"));
+  lo.inference = true;
   return {load_model(folder, lo), model_tokenizer(folder)};
 }
 
@@ -59,6 +60,7 @@ int eval_ppl(const std::vector<std::string>& argv) {
   const int64_t seq_len = args.integer("seq-len"), batch = args.integer("batch");
   LoadOptions lo;
   lo.device = parse_device(args.str("device"));
+  lo.inference = true;
   auto model = load_model(folder, lo);
   std::unique_ptr<Tokenizer> tok;
   const std::string data = args.str("data");

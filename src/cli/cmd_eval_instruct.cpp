@@ -44,6 +44,7 @@ int eval_instruct(const std::vector<std::string>& argv) {
   const std::string folder = args.str("model");
   LoadOptions lo;
   lo.device = parse_device(args.str("device"));
+  lo.inference = true;
   auto model = load_model(folder, lo);
   auto tok = model_tokenizer(folder);
   auto r = run_instruct_eval(model, *tok, folder, args.str("data"), args.has("limit") ? args.integer("limit") : 0,

@@ -31,6 +31,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   const int64_t max_new_tokens = args.integer("max-new-tokens");
   LoadOptions lo;
   lo.device = parse_device(args.str("device"));
+  lo.inference = true;
   auto model = load_model(folder, lo);
   auto tok = model_tokenizer(folder);
   const std::string prompt = args.maybe("prompt").value_or("");

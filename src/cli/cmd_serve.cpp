@@ -90,6 +90,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
   LoadOptions lo;
   lo.device = parse_device(args.str("device"));
+  lo.inference = true;
   auto model = load_model(folder, lo);
   std::shared_ptr<const Tokenizer> tok = model_tokenizer(folder);
   Engine engine(model, tok, eo);

@@ -129,6 +129,7 @@ DemoRow evaluate(const std::string& name, const std::string& folder, const std::
                  const DemoPlan& p, uint64_t seed, torch::Device device) {
   LoadOptions lo;
   lo.device = device;
+  lo.inference = true;
   auto model = load_model(folder, lo);
   auto tok = load_tokenizer(folder);
   DemoRow row;

@@ -48,6 +48,14 @@ CausalLMImpl::CausalLMImpl(const LlamaConfig& c, const MixerFactory& mixer_for) 
     lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.hidden_size, c.vocab_size).bias(false)));
 }
 
+void CausalLMImpl::pack_projections() {
+  for (int64_t i = 0; i < num_layers(); ++i) {
+    auto l = layer(i);
+    l->mixer->pack_projections();
+    l->mlp->gate_up.pack();
+  }
+}
+
 DecoderLayer CausalLMImpl::layer(int64_t i) const {
   return DecoderLayer(model->layers->ptr<DecoderLayerImpl>(i));
 }

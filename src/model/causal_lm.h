@@ -67,6 +67,9 @@ class CausalLMImpl : public torch::nn::Module {
   DecoderLayer layer(int64_t i) const;
   int64_t num_layers() const { return config.num_hidden_layers; }
   ModelState new_state() const { return ModelState(config.num_hidden_layers); }
+  // Every layer's projections that read one input run as one matrix product in forwards without
+  // gradients (model/packed_projections.h): for inference, once the weights are on their device and dtype.
+  void pack_projections();
   torch::Tensor lm_head_weight() const;
 
   LlamaConfig config;

@@ -150,21 +150,23 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c)
     q_norm = register_module("q_norm", RMSNorm(head_dim, c.rms_norm_eps));
     k_norm = register_module("k_norm", RMSNorm(head_dim, c.rms_norm_eps));
   }
+  for (const auto& p : {q_proj, k_proj, v_proj}) inputs.add(p);
 }
 
-std::pair<torch::Tensor, torch::Tensor> LlamaAttention::project_qk(const torch::Tensor& x) {
+std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LlamaAttention::project_qkv(const torch::Tensor& x) {
   const auto B = x.size(0), T = x.size(1);
-  auto q = q_proj(x).view({B, T, num_heads, head_dim});
-  auto k = k_proj(x).view({B, T, num_kv_heads, head_dim});
+  const auto in = inputs(x);  // q_proj, k_proj, v_proj: one matrix product once packed
+  auto q = in[q_proj].view({B, T, num_heads, head_dim});
+  auto k = in[k_proj].view({B, T, num_kv_heads, head_dim});
+  auto v = in[v_proj].view({B, T, num_kv_heads, head_dim});
   if (q_norm) q = q_norm(q), k = k_norm(k);  // Qwen3: per head, before RoPE
-  return {q.transpose(1, 2), k.transpose(1, 2)};  // [B,H,T,D], [B,Hkv,T,D]
+  return {q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)};  // [B,H,T,D], [B,Hkv,T,D] x2
 }
 
 torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state) {
   const auto B = x.size(0), T = x.size(1);
   const int64_t start = state ? state->position : 0;
-  auto [q, k] = project_qk(x);                                               // [B,H,T,D], [B,Hkv,T,D]
-  auto v = v_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
+  auto [q, k, v] = project_qkv(x);  // [B,H,T,D], [B,Hkv,T,D] x2
   // Rows of different lengths decoded together (serve/batched_decode.h): each row's cache is left-padded
   // to `start` entries and "row_start" [B] holds its first real one, so row b is at position start - row_start[b].
   const torch::Tensor row_start = state ? state->get("row_start") : torch::Tensor();
@@ -215,8 +217,7 @@ torch::Tensor LlamaAttention::forward_packed(const torch::Tensor& x, const Packe
   }
   auto doc_t = torch::tensor(doc, torch::kLong).view({B, T}).to(x.device());
   auto pos_t = torch::tensor(pos, torch::kLong).view({B, T}).to(x.device());
-  auto [q, k] = project_qk(x);                                               // [B,H,T,D], [B,Hkv,T,D]
-  auto v = v_proj(x).view({B, T, num_kv_heads, head_dim}).transpose(1, 2);  // [B,Hkv,T,D]
+  auto [q, k, v] = project_qkv(x);  // [B,H,T,D], [B,Hkv,T,D] x2
   q = rotary_.apply_at(q, pos_t);
   k = rotary_.apply_at(k, pos_t);
   auto causal = torch::ones({T, T}, doc_t.options().dtype(torch::kBool)).tril();          // [T,T]
@@ -230,10 +231,13 @@ LlamaMLPImpl::LlamaMLPImpl(int64_t hidden, int64_t intermediate, bool bias) {
   gate_proj = register_module("gate_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, intermediate).bias(bias)));
   up_proj = register_module("up_proj", torch::nn::Linear(torch::nn::LinearOptions(hidden, intermediate).bias(bias)));
   down_proj = register_module("down_proj", torch::nn::Linear(torch::nn::LinearOptions(intermediate, hidden).bias(bias)));
+  gate_up.add(gate_proj);
+  gate_up.add(up_proj);
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(ops::swiglu(gate_proj(x), up_proj(x)));
+  const auto in = gate_up(x);
+  return down_proj(ops::swiglu(in[gate_proj], in[up_proj]));
 }
 
 }  // namespace linearize

@@ -5,9 +5,11 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <tuple>
 #include <vector>
 
 #include "io/hf_config.h"
+#include "model/packed_projections.h"
 #include "model/token_mixer.h"
 
 namespace linearize {
@@ -67,8 +69,8 @@ class LlamaAttention : public TokenMixer {
   int64_t sliding_window = 0;  // Mistral: keys further back than this are not seen (0: none)
 
  private:
-  // q [B,H,T,D] and k [B,Hkv,T,D] before RoPE (Qwen3's per-head norms applied).
-  std::pair<torch::Tensor, torch::Tensor> project_qk(const torch::Tensor& x);
+  // q [B,H,T,D], k and v [B,Hkv,T,D], q and k before RoPE (Qwen3's per-head norms applied).
+  std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> project_qkv(const torch::Tensor& x);
   Rotary rotary_;
 };
 
@@ -77,6 +79,7 @@ class LlamaMLPImpl : public torch::nn::Module {
   LlamaMLPImpl(int64_t hidden, int64_t intermediate, bool bias);
   torch::Tensor forward(const torch::Tensor& x);  // down(silu(gate(x)) * up(x))
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  PackedProjections gate_up;  // gate_proj and up_proj: one matrix product once packed
 };
 TORCH_MODULE(LlamaMLP);
 

@@ -64,6 +64,7 @@ CausalLM load_model(const std::string& folder, const LoadOptions& options) {
   load_weights(model, store);
   model->to(options.device, options.dtype);
   model->eval();
+  if (options.inference) model->pack_projections();
   return model;
 }
 

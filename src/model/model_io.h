@@ -16,6 +16,9 @@ namespace linearize {
 struct LoadOptions {
   torch::Device device = torch::kCPU;
   torch::ScalarType dtype = torch::kFloat;
+  // For inference only (no training of this copy): pack the projections that read one input into one
+  // matrix product each (CausalLM::pack_projections).
+  bool inference = false;
 };
 
 // Builds the model a folder describes (a Llama teacher, or a student when config.json has a

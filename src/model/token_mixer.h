@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/layer_state.h"
+#include "model/packed_projections.h"
 
 namespace linearize {
 
@@ -37,6 +38,14 @@ class TokenMixer : public torch::nn::Module {
 
   // Short name of the mixer kind, e.g. "softmax_attention", "gated_deltanet".
   virtual std::string kind() const = 0;
+
+  // Runs the linear layers that read x as one matrix product in forwards without gradients
+  // (model/packed_projections.h). Call it once the weights are loaded and on their device and dtype.
+  void pack_projections() { inputs.pack(); }
+  bool projections_packed() const { return inputs.packed(); }
+
+ protected:
+  PackedProjections inputs;  // the layers reading x, added by each mixer's constructor
 };
 
 }  // namespace linearize

@@ -301,6 +301,7 @@ class Runner {
   nlohmann::json evaluate(const std::string& folder) {
     LoadOptions lo;
     lo.device = device_;
+    lo.inference = true;
     auto model = load_model(folder, lo);
     auto tok = load_model_tokenizer(folder, model->config);
     nlohmann::json r = {{"model", folder}};

@@ -31,6 +31,10 @@ torch::nn::Sequential low_rank(int64_t in, int64_t rank, int64_t out, bool out_b
                                torch::nn::Linear(torch::nn::LinearOptions(rank, out).bias(out_bias)));
 }
 
+torch::nn::Linear low_rank_stage(const torch::nn::Sequential& s, size_t stage) {
+  return torch::nn::Linear(s->ptr<torch::nn::LinearImpl>(stage));
+}
+
 torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {
   return x.view({x.size(0), x.size(1), heads, x.size(2) / heads});
 }
@@ -83,8 +87,7 @@ DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool 
           split_heads(v, value_heads)};                                // [B,T,HV,Dv]
 }
 
-torch::Tensor project(torch::nn::Linear& proj, RMSNorm& norm, const torch::Tensor& x) {
-  auto y = proj(x);
+torch::Tensor head_norm(RMSNorm& norm, const torch::Tensor& y) {
   if (!norm) return y;
   const int64_t d = norm->weight.size(0);
   auto sizes = y.sizes().vec();

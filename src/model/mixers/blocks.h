@@ -36,6 +36,9 @@ class ShortConvImpl : public torch::nn::Module {
 TORCH_MODULE(ShortConv);
 
 torch::nn::Sequential low_rank(int64_t in, int64_t rank, int64_t out, bool out_bias);
+// Stage 0 (in -> rank) or 1 (rank -> out) of a low_rank Sequential, so stage 0 can join the layer's
+// packed input projections.
+torch::nn::Linear low_rank_stage(const torch::nn::Sequential& s, size_t stage);
 
 torch::Tensor split_heads(const torch::Tensor& x, int64_t heads);
 torch::Tensor repeat_heads(const torch::Tensor& x, int64_t groups);
@@ -74,12 +77,12 @@ torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep
 struct DeltaQKV {
   torch::Tensor q, k, v;
 };
+// A projection y [B, T, n*d] with an RMSNorm over each head of d channels when `norm` is set (a Qwen3
+// teacher's q_norm / k_norm, carried into its students); y itself otherwise.
+torch::Tensor head_norm(RMSNorm& norm, const torch::Tensor& y);
+
 DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
                         ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads,
                         int64_t value_heads);
-
-// proj(x), with an RMSNorm over each head of it when `norm` is set: a Qwen3 teacher's q_norm / k_norm,
-// carried into its students.
-torch::Tensor project(torch::nn::Linear& proj, RMSNorm& norm, const torch::Tensor& x);
 
 }  // namespace linearize::mixers

@@ -34,15 +34,17 @@ DeltaNet::DeltaNet(const MixerConfig& c) : config(c.resolved()) {
   }
   o_norm = register_module("o_norm", RMSNorm(k.head_v_dim, k.norm_eps));
   mixers::linear_init(*this, k.init_std);
+  for (const auto& p : {q_proj, k_proj, v_proj, b_proj, g_proj}) inputs.add(p);
 }
 
 torch::Tensor DeltaNet::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
   const mixers::MixerStep step(state, T);
-  auto [q, k, v] = mixers::delta_rule_qkv(mixers::project(q_proj, q_norm, x), mixers::project(k_proj, k_norm, x),
-                                          v_proj(x), config.use_short_conv, q_conv1d,
+  const auto in = inputs(x);  // q_proj, k_proj, v_proj, b_proj, g_proj: one matrix product once packed
+  auto [q, k, v] = mixers::delta_rule_qkv(mixers::head_norm(q_norm, in[q_proj]), mixers::head_norm(k_norm, in[k_proj]),
+                                          in[v_proj], config.use_short_conv, q_conv1d,
                                           k_conv1d, v_conv1d, step, H, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
-  auto beta = b_proj ? torch::sigmoid(b_proj(x).to(torch::kFloat))
+  auto beta = b_proj ? torch::sigmoid(in[b_proj].to(torch::kFloat))
                      : torch::ones({B, T, H}, x.options().dtype(torch::kFloat));  // [B,T,H]
   if (config.allow_neg_eigval) beta = beta * 2;
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
@@ -54,7 +56,7 @@ torch::Tensor DeltaNet::forward(const torch::Tensor& x, LayerState* state) {
   step.advance(T);
 
   // [B,T,H,Dv]: the norm and the output gate in one kernel each way (ops::rms_norm)
-  auto o = g_proj ? ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(g_proj(x), H), ops::Gate::silu)
+  auto o = g_proj ? ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(in[g_proj], H), ops::Gate::silu)
                   : o_norm(r.o);
   return o_proj(o.reshape({B, T, H * config.head_v_dim}));
 }

@@ -36,6 +36,7 @@ GatedDeltaNet::GatedDeltaNet(const MixerConfig& c) : config(c.resolved()) {
   }
   o_norm = register_module("o_norm", RMSNorm(k.head_v_dim, k.norm_eps));
   mixers::linear_init(*this, k.init_std);
+  for (const auto& p : {q_proj, k_proj, v_proj, a_proj, b_proj, g_proj}) inputs.add(p);
   A_log = register_parameter("A_log", torch::log(torch::rand({k.value_heads()}) * 16).clamp_min(-30));  // A ~ U(0,16)
   dt_bias = register_parameter("dt_bias", mixers::dt_bias_init(k.value_heads(), k.dt_bias_init));
 }
@@ -43,12 +44,13 @@ GatedDeltaNet::GatedDeltaNet(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor GatedDeltaNet::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, HV = config.value_heads();
   const mixers::MixerStep step(state, T);
-  auto [q, k, v] = mixers::delta_rule_qkv(mixers::project(q_proj, q_norm, x), mixers::project(k_proj, k_norm, x),
-                                          v_proj(x), config.use_short_conv, q_conv1d,
+  const auto in = inputs(x);  // q_proj, k_proj, v_proj, a_proj, b_proj, g_proj: one matrix product once packed
+  auto [q, k, v] = mixers::delta_rule_qkv(mixers::head_norm(q_norm, in[q_proj]), mixers::head_norm(k_norm, in[k_proj]),
+                                          in[v_proj], config.use_short_conv, q_conv1d,
                                           k_conv1d, v_conv1d, step, H, HV);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
-  auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,HV]
+  auto beta = torch::sigmoid(in[b_proj].to(torch::kFloat));  // [B,T,HV]
   if (config.allow_neg_eigval) beta = beta * 2;
-  auto g = ops::softplus_decay(a_proj(x), dt_bias, A_log);  // -exp(A_log) softplus(a_proj x + dt_bias) [B,T,HV] fp32
+  auto g = ops::softplus_decay(in[a_proj], dt_bias, A_log);  // -exp(A_log) softplus(a_proj x + dt_bias) [B,T,HV] fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
@@ -58,7 +60,7 @@ torch::Tensor GatedDeltaNet::forward(const torch::Tensor& x, LayerState* state) 
   step.advance(T);
 
   // [B,T,HV,Dv]: the norm and the output gate in one kernel each way (ops::rms_norm)
-  auto o = g_proj ? ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(g_proj(x), HV), ops::Gate::silu)
+  auto o = g_proj ? ops::rms_norm(r.o, o_norm->weight, o_norm->eps, mixers::split_heads(in[g_proj], HV), ops::Gate::silu)
                   : o_norm(r.o);
   return o_proj(o.reshape({B, T, HV * config.head_v_dim}));
 }

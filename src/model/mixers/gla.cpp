@@ -36,13 +36,15 @@ GLA::GLA(const MixerConfig& c) : config(c.resolved()) {
   }
   g_norm = register_module("g_norm", RMSNorm(k.head_v_dim, k.norm_eps));
   mixers::linear_init(*this, k.init_std);
+  for (const auto& p : {q_proj, k_proj, v_proj, mixers::low_rank_stage(gk_proj, 0), g_proj}) inputs.add(p);
 }
 
 torch::Tensor GLA::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, Hkv = config.kv_heads(), G = H / Hkv;
   const mixers::MixerStep step(state, T);
+  const auto in = inputs(x);  // q_proj, k_proj, v_proj, gk_proj's first stage, g_proj: one matrix product once packed
   // q [B,T,H*Dk], k [B,T,Hkv*Dk], v [B,T,Hkv*Dv]
-  auto q = mixers::project(q_proj, q_norm, x), k = mixers::project(k_proj, k_norm, x), v = v_proj(x);
+  auto q = mixers::head_norm(q_norm, in[q_proj]), k = mixers::head_norm(k_norm, in[k_proj]), v = in[v_proj];
   if (config.use_short_conv) {
     q = mixers::conv_step(q_conv1d, q, step, "conv_q");
     k = mixers::conv_step(k_conv1d, k, step, "conv_k");
@@ -54,7 +56,8 @@ torch::Tensor GLA::forward(const torch::Tensor& x, LayerState* state) {
   q = mixers::split_heads(q, H);                                        // [B,T,H,Dk]
   k = mixers::repeat_heads(mixers::split_heads(k, Hkv), spread);        // [B,T,H,Dk] (decode: Hkv)
   v = mixers::repeat_heads(mixers::split_heads(v, Hkv), spread);        // [B,T,H,Dv] (decode: Hkv)
-  auto gk = mixers::repeat_heads(mixers::split_heads(gk_proj->forward(x), Hkv), spread);  // [B,T,H,Dk]
+  const auto gk_in = in[mixers::low_rank_stage(gk_proj, 0)];                                   // [B,T,rank]
+  auto gk = mixers::repeat_heads(mixers::split_heads(mixers::low_rank_stage(gk_proj, 1)(gk_in), Hkv), spread);  // [B,T,H,Dk]
   auto g = torch::log_sigmoid(gk.to(torch::kFloat)) / config.gate_logit_normalizer;       // fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
@@ -65,7 +68,7 @@ torch::Tensor GLA::forward(const torch::Tensor& x, LayerState* state) {
   step.advance(T);
 
   // [B,T,H,Dv]: the norm and the output gate in one kernel each way (ops::rms_norm)
-  auto o = g_proj ? ops::rms_norm(r.o, g_norm->weight, g_norm->eps, mixers::split_heads(g_proj(x), H), ops::Gate::silu)
+  auto o = g_proj ? ops::rms_norm(r.o, g_norm->weight, g_norm->eps, mixers::split_heads(in[g_proj], H), ops::Gate::silu)
                   : g_norm(r.o);
   return o_proj(o.reshape({B, T, H * config.head_v_dim}));
 }

@@ -40,6 +40,8 @@ KDA::KDA(const MixerConfig& c) : config(c.resolved()) {
   }
   o_norm = register_module("o_norm", RMSNorm(k.head_v_dim, k.norm_eps));
   mixers::linear_init(*this, k.init_std);
+  for (const auto& p : {q_proj, k_proj, v_proj, mixers::low_rank_stage(f_proj, 0), b_proj, g_full}) inputs.add(p);
+  if (g_proj) inputs.add(mixers::low_rank_stage(g_proj, 0));
   A_log = register_parameter("A_log", k.safe_gate ? torch::zeros({HV})
                                                  : torch::log(1 + torch::rand({HV}) * 15));  // A ~ U(1,16)
   dt_bias = register_parameter("dt_bias", mixers::dt_bias_init(HV * k.head_k_dim, k.dt_bias_init));
@@ -48,13 +50,15 @@ KDA::KDA(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, HV = config.value_heads();
   const mixers::MixerStep step(state, T);
-  auto [q, k, v] = mixers::delta_rule_qkv(mixers::project(q_proj, q_norm, x), mixers::project(k_proj, k_norm, x),
-                                          v_proj(x), config.use_short_conv, q_conv1d,
+  // q_proj, k_proj, v_proj, b_proj, the first stages of f_proj and g_proj (or the full g_proj): one matrix product once packed
+  const auto in = inputs(x);
+  auto [q, k, v] = mixers::delta_rule_qkv(mixers::head_norm(q_norm, in[q_proj]), mixers::head_norm(k_norm, in[k_proj]),
+                                          in[v_proj], config.use_short_conv, q_conv1d,
                                           k_conv1d, v_conv1d, step, H, HV);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
-  auto beta = torch::sigmoid(b_proj(x).to(torch::kFloat));  // [B,T,HV]
+  auto beta = torch::sigmoid(in[b_proj].to(torch::kFloat));  // [B,T,HV]
   if (config.allow_neg_eigval) beta = beta * 2;
   // g = -exp(A_log) softplus(f + dt_bias), one kernel each way (ops::softplus_decay), or the bounded gate
-  const auto f = f_proj->forward(x);  // [B,T,HV*Dk]
+  const auto f = mixers::low_rank_stage(f_proj, 1)(in[mixers::low_rank_stage(f_proj, 0)]);  // [B,T,HV*Dk]
   auto g = mixers::split_heads(config.lower_bound < 0 ? ops::lower_bound_decay(f, dt_bias, A_log, config.lower_bound)
                                                       : ops::softplus_decay(f, dt_bias, A_log),
                                HV);  // [B,T,HV,Dk] fp32
@@ -70,7 +74,8 @@ torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   if (!g_proj && !g_full) {
     o = o_norm(r.o);
   } else {
-    const auto gate = mixers::split_heads(g_proj ? g_proj->forward(x) : g_full(x), HV);  // [B,T,HV,Dv]
+    const auto gate_in = g_proj ? mixers::low_rank_stage(g_proj, 1)(in[mixers::low_rank_stage(g_proj, 0)]) : in[g_full];
+    const auto gate = mixers::split_heads(gate_in, HV);  // [B,T,HV,Dv]
     o = config.kda_gate_mode == "add_in_norm" ? o_norm(r.o + gate)
                                               : ops::rms_norm(r.o, o_norm->weight, o_norm->eps, gate, ops::Gate::sigmoid);
   }

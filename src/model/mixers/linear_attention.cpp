@@ -67,6 +67,7 @@ LinearAttention::LinearAttention(const MixerConfig& c) : config(c.resolved()) {
     k_norm = register_module("k_norm", RMSNorm(k.head_k_dim, k.qk_norm_eps));
   }
   mixers::linear_init(*this, k.init_std);
+  for (const auto& p : {q_proj, k_proj, v_proj}) inputs.add(p);
   feature_map_q = register_module("feature_map_q", FeatureMap(k.feature_map, k.head_k_dim));
   feature_map_k = register_module("feature_map_k", FeatureMap(k.feature_map, k.head_k_dim));
   feature_map_q->reset_init(k.init_std);
@@ -88,8 +89,9 @@ torch::Tensor LinearAttention::forward(const torch::Tensor& x, LayerState* state
   // One feature map serves every head, so it runs on the Hkv shared heads before they are spread; a decode step
   // reads them where they are (gla_recurrent's grouped KV heads).
   const int64_t spread = step.decode ? 1 : G;
+  const auto in = inputs(x);  // q_proj, k_proj, v_proj: one matrix product once packed
   // q [B,T,H*Dk], k [B,T,Hkv*Dk], v [B,T,Hkv*Dv]
-  auto qp = mixers::project(q_proj, q_norm, x), kp = mixers::project(k_proj, k_norm, x), vp = v_proj(x);
+  auto qp = mixers::head_norm(q_norm, in[q_proj]), kp = mixers::head_norm(k_norm, in[k_proj]), vp = in[v_proj];
   if (config.use_short_conv) {
     qp = mixers::conv_step(q_conv1d, qp, step, "conv_q");
     kp = mixers::conv_step(k_conv1d, kp, step, "conv_k");

@@ -46,6 +46,7 @@ MLSTM::MLSTM(const MixerConfig& c) : config(c.resolved()) {
     k_norm = register_module("k_norm", RMSNorm(cf.head_k_dim, cf.qk_norm_eps));
   }
   mixers::linear_init(*this, std::sqrt(2.0 / (5.0 * cf.hidden_size)));
+  for (const auto& p : {q, k, v, ogate_preact, igate_preact, fgate_preact}) inputs.add(p);
   torch::NoGradGuard no_grad;
   igate_preact->weight.zero_();
   fgate_preact->weight.zero_();
@@ -56,11 +57,12 @@ MLSTM::MLSTM(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor MLSTM::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t T = x.size(1), H = config.num_heads;
   const mixers::MixerStep step(state, T);
-  auto qh = mixers::split_heads(mixers::project(q, q_norm, x), H);  // [B,T,H,Dk]
-  auto kh = mixers::split_heads(mixers::project(k, k_norm, x), H);  // [B,T,H,Dk]
-  auto vh = mixers::split_heads(v(x), H);  // [B,T,H,Dv]
-  auto ig = soft_cap(igate_preact(x).to(torch::kFloat), config.mlstm_gate_soft_cap);  // [B,T,H]
-  auto fg = soft_cap(fgate_preact(x).to(torch::kFloat), config.mlstm_gate_soft_cap);  // [B,T,H]
+  const auto in = inputs(x);  // q, k, v and the three gates' preactivations: one matrix product once packed
+  auto qh = mixers::split_heads(mixers::head_norm(q_norm, in[q]), H);  // [B,T,H,Dk]
+  auto kh = mixers::split_heads(mixers::head_norm(k_norm, in[k]), H);  // [B,T,H,Dk]
+  auto vh = mixers::split_heads(in[v], H);  // [B,T,H,Dv]
+  auto ig = soft_cap(in[igate_preact].to(torch::kFloat), config.mlstm_gate_soft_cap);  // [B,T,H]
+  auto fg = soft_cap(in[fgate_preact].to(torch::kFloat), config.mlstm_gate_soft_cap);  // [B,T,H]
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
   const ops::MlstmState init{step.get("c"), step.get("n"), step.get("m")};
 
@@ -73,7 +75,7 @@ torch::Tensor MLSTM::forward(const torch::Tensor& x, LayerState* state) {
   step.advance(T);
 
   auto h = multihead_norm(r.h);  // [B,T,H*Dv]
-  return out_proj(torch::sigmoid(ogate_preact(x)) * h);
+  return out_proj(torch::sigmoid(in[ogate_preact]) * h);
 }
 
 }  // namespace linearize

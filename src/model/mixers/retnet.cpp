@@ -34,6 +34,7 @@ RetNet::RetNet(const MixerConfig& c) : config(c.resolved()), rotary_(config.head
   }
   g_norm = register_module("g_norm", RMSNorm(k.head_v_dim, k.norm_eps));
   mixers::linear_init(*this, k.init_std);
+  for (const auto& p : {q_proj, k_proj, v_proj, g_proj}) inputs.add(p);
   // γ_h = 1 - 2^(-5-h), in fp32 as fla computes it.
   auto h = torch::arange(k.num_heads, torch::kFloat);
   log_gamma_ = (1 - torch::pow(torch::tensor(2.0f), -5.0 - h)).log();  // [H]
@@ -42,8 +43,9 @@ RetNet::RetNet(const MixerConfig& c) : config(c.resolved()), rotary_(config.head
 torch::Tensor RetNet::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, Hkv = config.kv_heads();
   const mixers::MixerStep step(state, T);
+  const auto in = inputs(x);  // q_proj, k_proj, v_proj, g_proj: one matrix product once packed
   // q [B,T,H*Dk], k [B,T,Hkv*Dk], v [B,T,Hkv*Dv]
-  auto q = mixers::project(q_proj, q_norm, x), k = mixers::project(k_proj, k_norm, x), v = v_proj(x);
+  auto q = mixers::head_norm(q_norm, in[q_proj]), k = mixers::head_norm(k_norm, in[k_proj]), v = in[v_proj];
   if (config.use_short_conv) {
     q = mixers::conv_step(q_conv1d, q, step, "conv_q");
     k = mixers::conv_step(k_conv1d, k, step, "conv_k");
@@ -71,7 +73,7 @@ torch::Tensor RetNet::forward(const torch::Tensor& x, LayerState* state) {
   step.advance(T);
 
   // [B,T,H,Dv]: the norm and the output gate in one kernel each way (ops::rms_norm)
-  auto o = g_proj ? ops::rms_norm(r.o, g_norm->weight, g_norm->eps, mixers::split_heads(g_proj(x), H), ops::Gate::silu)
+  auto o = g_proj ? ops::rms_norm(r.o, g_norm->weight, g_norm->eps, mixers::split_heads(in[g_proj], H), ops::Gate::silu)
                   : g_norm(r.o);
   return o_proj(o.reshape({B, T, H * config.head_v_dim}));
 }
