@@ -13,11 +13,14 @@
 //   decode  one greedy decode step of the whole model (bf16) at batch 1 and 64 after contexts of 1k..32k:
 //           the teacher's KV cache holds `context` entries; a student's fixed-size state is built by a
 //           64-token prefill (its size and its step cost do not depend on the context; the table shows
-//           that). tokens/s and state bytes per sequence. SmolLM2-135M shape.
+//           that). tokens/s and state bytes per sequence. SmolLM2-135M shape. On a GPU also the kernels,
+//           copies and fills one step issues (captured, not run). Models are packed for inference as
+//           load_model packs them; --unpacked adds each model with its input projections one by one.
 //
 //   linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]
 //                       [--head-dim D] [--only linear_attention,retnet+,...]  (ops: name+ adds its libtorch-chunks row)
 //                       [--lengths 1024,16384]  (ops: the sequence lengths)  [--batch B]  (train: sequences a step)
+//                       [--unpacked]  (decode: also the models unpacked)
 //
 // --quick runs the smallest sizes only (a check that everything runs). On CPU the sizes are cut down.
 #include <torch/torch.h>
@@ -47,6 +50,9 @@
 
 #ifdef LINEARIZE_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #endif
 
 namespace linearize {
@@ -64,6 +70,7 @@ struct Settings {
   std::vector<std::string> only;   // ops: run only these kinds; train, decode: only these mixers (empty: all)
   std::vector<int64_t> lengths;    // ops: the sequence lengths (empty: the defaults)
   int64_t batch = 0;               // train: sequences a step (0: 16 at 135M, 8 at 1.7B; 2 on a CPU)
+  bool unpacked = false;           // decode: also each model with its projections run one by one
 };
 
 void sync(const torch::Device& d) {
@@ -87,6 +94,39 @@ double peak_gib(const torch::Device& d) {
   }
 #endif
   return 0;
+}
+
+// The GPU operations (kernels, copies, fills) one call of fn issues, counted by capturing the call into a
+// CUDA graph on a side stream, which is never run; -1 where capture fails or there is no GPU. fn must
+// have run before (so the memory it needs is already cached) and must not wait for the GPU.
+int64_t launches_of(const torch::Device& d, const std::function<void()>& fn) {
+#ifdef LINEARIZE_WITH_CUDA
+  if (!d.is_cuda()) return -1;
+  sync(d);
+  auto side = c10::cuda::getStreamFromPool(false, d.index() < 0 ? 0 : d.index());
+  const c10::cuda::CUDAStreamGuard guard(side);
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamBeginCapture(side.stream(), cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  bool ok = true;
+  try {
+    fn();
+  } catch (const std::exception&) {
+    ok = false;
+  }
+  ok = cudaStreamEndCapture(side.stream(), &graph) == cudaSuccess && ok;
+  size_t n = 0;
+  if (ok) ok = cudaGraphGetNodes(graph, nullptr, &n) == cudaSuccess;
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // clear what a failed capture left
+  sync(d);
+  return ok ? static_cast<int64_t>(n) : -1;
+#else
+  (void)d, (void)fn;
+  return -1;
+#endif
 }
 
 // Median seconds of `reps` runs of fn after `warmup` runs; NaN when it runs out of memory. With
@@ -384,17 +424,27 @@ void bench_decode(const Settings& s) {
   struct Cell {
     double tok_s, bytes_per_seq;
   };
-  std::map<std::string, std::map<std::pair<int64_t, int64_t>, Cell>> table;  // model -> (batch, ctx)
-  for (const auto& name : models) {
-    CausalLM model = name == "teacher" ? teacher : build_student(teacher, StudentSpec::make(parse_mixer_kind(name), "default", {}, c));
+  std::map<std::string, std::map<std::pair<int64_t, int64_t>, Cell>> table;  // row -> (batch, ctx)
+  std::vector<std::string> rows;  // table rows in order
+  std::map<std::string, std::map<int64_t, int64_t>> launches;  // model -> batch -> GPU operations a step
+  std::vector<std::pair<std::string, bool>> runs;  // (model, packed): unpacked first when asked for
+  for (const auto& m : models) {
+    if (s.unpacked) runs.push_back({m, false});
+    runs.push_back({m, true});
+  }
+  for (const auto& [model_name, packed] : runs) {
+    CausalLM model = model_name == "teacher" ? teacher : build_student(teacher, StudentSpec::make(parse_mixer_kind(model_name), "default", {}, c));
     model->eval();
+    if (packed) model->pack_projections();  // as load_model packs for inference
+    const std::string name = packed ? model_name : model_name + ", unpacked";
     std::cerr << "[decode] " << name << "\n";
+    rows.push_back(name);
     for (int64_t B : batches)
       for (int64_t L : contexts) {
         reset_peak(s.device);
         auto opts = torch::TensorOptions().device(s.device);
         ModelState state = model->new_state();
-        if (name == "teacher") {
+        if (model_name == "teacher") {
           // a KV cache of L entries per layer (random contents: the step's cost depends on its size)
           const int64_t hkv = c.num_key_value_heads, hd = c.head_dim;
           for (auto& ls : state) {
@@ -410,11 +460,11 @@ void bench_decode(const Settings& s) {
         const double bytes_per_seq = static_cast<double>(state_bytes(state)) / B;
         ModelState work = state;
         const int steps = 8;
-        if (name == "teacher") state.clear();  // the work copy's cache is its own: steps append in place
+        if (model_name == "teacher") state.clear();  // the work copy's cache is its own: steps append in place
         const double sec = time_it(s.device, 1, 3, [&] {
           // Every timed run decodes from the same context length: the teacher's cache rewound to L (its
           // first run grows it by a block), a student's state restored from the snapshot.
-          if (name == "teacher")
+          if (model_name == "teacher")
             for (auto& ls : work) ls.position = L;
           else
             work = state;
@@ -422,6 +472,14 @@ void bench_decode(const Settings& s) {
           for (int i = 0; i < steps; ++i) next = model->forward(next, &work).argmax(-1);
         });
         table[name][{B, L}] = {static_cast<double>(B * steps) / sec, bytes_per_seq};
+        if (L == contexts.front())
+          launches[name][B] = launches_of(s.device, [&] {
+            if (model_name == "teacher")
+              for (auto& ls : work) ls.position = L;
+            else
+              work = state;
+            model->forward(ids, &work).argmax(-1);
+          });
         std::cerr << "  batch " << B << " context " << L << ": " << fmt(table[name][{B, L}].tok_s, "%.0f") << " tok/s";
         if (GraphedDecodeStep::usable(model, state)) {
           try {
@@ -431,6 +489,7 @@ void bench_decode(const Settings& s) {
               for (int i = 0; i < steps; ++i) next = graph.step(next).argmax(-1);
             });
             table[name + " (CUDA graph)"][{B, L}] = {static_cast<double>(B * steps) / gsec, table[name][{B, L}].bytes_per_seq};
+            if (rows.back() != name + " (CUDA graph)") rows.push_back(name + " (CUDA graph)");
             std::cerr << ", CUDA graph " << fmt(static_cast<double>(B * steps) / gsec, "%.0f") << " tok/s";
           } catch (const std::exception& e) {
             std::cerr << " (CUDA graph failed: " << e.what() << ")";
@@ -439,6 +498,20 @@ void bench_decode(const Settings& s) {
         std::cerr << "\n";
       }
   }
+  if (gpu) {
+    // What a graph replays: each step's kernels, copies and fills, the LM head and argmax included.
+    std::cout << "\n### GPU operations per decode step, SmolLM2-" << shape_name << " shape (context " << contexts.front()
+              << ")\n\n| model |";
+    for (int64_t B : batches) std::cout << " batch " << B << " |";
+    std::cout << "\n|---|";
+    for (size_t i = 0; i < batches.size(); ++i) std::cout << "---|";
+    std::cout << "\n";
+    for (const auto& [name, per_batch] : launches) {
+      std::cout << "| " << name << " |";
+      for (int64_t B : batches) std::cout << " " << (per_batch.at(B) < 0 ? std::string("n/a") : std::to_string(per_batch.at(B))) << " |";
+      std::cout << "\n";
+    }
+  }
   for (int64_t B : batches) {
     std::cout << "\n### Decoding, SmolLM2-" << shape_name << " shape, " << (gpu ? "bf16" : "fp32")
               << ", batch " << B << ": tokens/s (state MiB per sequence)\n\n| model |";
@@ -446,12 +519,7 @@ void bench_decode(const Settings& s) {
     std::cout << "\n|---|";
     for (size_t i = 0; i < contexts.size(); ++i) std::cout << "---|";
     std::cout << "\n";
-    std::vector<std::string> rows_shown;
-    for (const auto& name : models) {
-      rows_shown.push_back(name);
-      if (table.count(name + " (CUDA graph)")) rows_shown.push_back(name + " (CUDA graph)");
-    }
-    for (const auto& name : rows_shown) {
+    for (const auto& name : rows) {
       std::cout << "| " << name << " |";
       for (int64_t L : contexts) {
         const auto& cell = table[name][{B, L}];
@@ -466,7 +534,8 @@ int usage() {
   std::cerr << "usage: linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]\n"
                "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops, name+ adds its libtorch-chunks row; train, decode: which mixers)\n"
                "                           [--lengths T,T,...]   (ops: the sequence lengths; default 1k..16k, --quick the first)\n"
-               "                           [--batch B]   (train: sequences of 512 a step; default 16 at 135M, 8 at 1.7B)\n";
+               "                           [--batch B]   (train: sequences of 512 a step; default 16 at 135M, 8 at 1.7B)\n"
+               "                           [--unpacked]  (decode: also each model with its input projections run one by one)\n";
   return 2;
 }
 
@@ -494,6 +563,8 @@ int main(int argc, char** argv) {
     } else if (a == "--only" && i + 1 < argc) {
       std::stringstream ss(argv[++i]);
       for (std::string item; std::getline(ss, item, ',');) s.only.push_back(item);
+    } else if (a == "--unpacked") {
+      s.unpacked = true;
     } else if (a == "--head-dim" && i + 1 < argc) {
       s.head_dim = std::stoll(argv[++i]);
     } else if (a == "--batch" && i + 1 < argc) {

@@ -176,6 +176,7 @@ int main(int argc, char** argv) {
                            : build_student(teacher, StudentSpec::make(parse_mixer_kind(name), "default", {}, config));
       model->to(device);
       if (device.is_cuda()) model->to(torch::kBFloat16);
+      model->pack_projections();
       model->eval();
       EngineOptions eo;
       eo.max_sequences = 512;
