@@ -246,6 +246,51 @@ TEST(MixerState, PackedProjectionsMatchTheLayersOneByOne) {
   }
 }
 
+// Decoding into a state that allows it (LayerState::update_in_place, a CUDA graph's buffers) writes the new
+// matrix state and conv caches over the old ones: the same outputs and states as replacing them, in the
+// same buffers. Through libtorch and, where the CPU build has the emulator, through the fused kernels.
+TEST(MixerState, InPlaceDecodeStepsMatchAndKeepTheirBuffers) {
+  torch::manual_seed(4);
+  const int64_t B = 2, T = 9, steps = 3;
+  std::vector<bool> kernel_modes = {false};
+  if (ops::kernel_emulation_available()) kernel_modes.push_back(true);
+  for (const bool kernels : kernel_modes) {
+    const test::EmulationScope emulation(kernels);
+    for (const auto& [name, cfg] : small_cases()) {
+      SCOPED_TRACE(name + (kernels ? " (kernels)" : " (libtorch)"));
+      auto m = make_mixer(cfg);
+      perturb(*m);
+      torch::NoGradGuard no_grad;
+      const auto x = torch::randn({B, T + steps, cfg.hidden_size});
+      LayerState replaced;
+      m->forward(x.narrow(1, 0, T), &replaced);
+      LayerState in_place = replaced, snapshot = replaced, snapshot_values = replaced;
+      for (auto& [key, t] : in_place.tensors) t = t.clone();
+      for (auto& [key, t] : snapshot_values.tensors) t = t.clone();
+      in_place.update_in_place = true;
+      std::map<std::string, const void*> where;
+      for (const auto& [key, t] : in_place.tensors) where[key] = t.data_ptr();
+      for (int64_t i = 0; i < steps; ++i) {
+        const auto xi = x.narrow(1, T + i, 1);
+        const auto a = m->forward(xi, &replaced), b = m->forward(xi, &in_place);
+        EXPECT_LE(rel_err(b, a), 1e-6) << name << ": step " << i;
+      }
+      int kept = 0;
+      for (const auto& [key, t] : replaced.tensors) {
+        ASSERT_TRUE(in_place.has(key)) << key;
+        EXPECT_LE(rel_err(in_place.get(key), t), 1e-6) << name << ": state " << key;
+        kept += in_place.get(key).data_ptr() == where[key];
+      }
+      // The matrix state and every conv cache stay where they were (the mLSTM's states, linear attention's
+      // normaliser and RetNet's positions are still replaced).
+      const int expected = (cfg.kind == MixerKind::mlstm ? 0 : 1) + (cfg.use_short_conv ? 3 : 0);
+      EXPECT_GE(kept, expected) << name;
+      // A snapshot taken before the steps, sharing the replacing path's tensors, is untouched by them.
+      for (const auto& [key, t] : snapshot.tensors) EXPECT_TRUE(torch::equal(t, snapshot_values.get(key))) << key;
+    }
+  }
+}
+
 TEST(MixerState, BackwardReachesEveryParameter) {
   torch::manual_seed(1);
   for (const auto& [name, cfg] : small_cases()) {

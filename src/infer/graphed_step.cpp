@@ -35,13 +35,13 @@ bool GraphedDecodeStep::usable(const CausalLM& model, const ModelState& state, s
 struct GraphedDecodeStep::Impl {
   CausalLM model{nullptr};
   Replay replay = Replay::cuda_graph;
-  ModelState buffers;  // the state the step reads and then overwrites in place
+  ModelState buffers;  // the state the step reads and then overwrites in place (update_in_place)
   torch::Tensor ids, logits;
 #ifdef LINEARIZE_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 #endif
 
-  // One step: run the model on the buffers, then write the new state back into them.
+  // One step: run the model on the buffers, then write back what the mixers did not update in place.
   torch::Tensor run_step() {
     ModelState s = buffers;
     auto out = model->forward(ids, &s);
@@ -51,7 +51,7 @@ struct GraphedDecodeStep::Impl {
         if (t.sizes() != buf.sizes())
           throw Error("CUDA graph decode: state tensor " + name + " of layer " + std::to_string(l) +
                       " changes shape from step to step");
-        buf.copy_(t);
+        if (!t.is_same(buf)) buf.copy_(t);
       }
     return out;
   }
@@ -111,8 +111,10 @@ GraphedDecodeStep::GraphedDecodeStep(CausalLM model, const ModelState& state, in
   m.model = model;
   m.replay = replay;
   m.buffers = state;
-  for (auto& layer : m.buffers)
+  for (auto& layer : m.buffers) {
     for (auto& [name, t] : layer.tensors) t = t.clone();
+    layer.update_in_place = true;  // the buffers are the graph's alone
+  }
   m.ids = torch::zeros({batch, 1}, torch::TensorOptions().dtype(torch::kLong).device(model->lm_head_weight().device()));
   if (replay == Replay::cuda_graph) m.capture();
 }
@@ -135,8 +137,10 @@ torch::Tensor GraphedDecodeStep::step(const torch::Tensor& ids) {
 
 ModelState GraphedDecodeStep::state() const {
   ModelState out = impl_->buffers;
-  for (auto& layer : out)
+  for (auto& layer : out) {
     for (auto& [name, t] : layer.tensors) t = t.clone();
+    layer.update_in_place = false;
+  }
   return out;
 }
 

@@ -30,6 +30,14 @@ torch::ScalarType compute_dtype(const torch::Tensor& x) {
   return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
 
+torch::Tensor returned_state(const torch::Tensor& given, const torch::Tensor& S, bool in_place) {
+  if (!in_place || !given.defined() || given.is_same(S) || given.sizes() != S.sizes() ||
+      given.scalar_type() != S.scalar_type())
+    return S;
+  given.copy_(S);
+  return given;
+}
+
 bool low_precision(torch::ScalarType t) { return t == torch::kBFloat16 || t == torch::kHalf; }
 
 torch::ScalarType operand_dtype(const torch::Tensor& x) {

@@ -26,6 +26,9 @@ enum class GateKind { None, Fixed, Scalar, Vector };
 
 // The compute dtype of the chunked and recurrent forms: fp64 for fp64 inputs, fp32 for the rest.
 torch::ScalarType compute_dtype(const torch::Tensor& x);
+// The state an op returns: with in_place, S written over `given` and `given` returned where it has S's shape
+// and dtype (ops.h, "in_place"); S itself otherwise.
+torch::Tensor returned_state(const torch::Tensor& given, const torch::Tensor& S, bool in_place);
 
 // bf16 or fp16: the dtypes whose products run on tensor cores and whose state path is kept in fp32.
 bool low_precision(torch::ScalarType t);

@@ -45,7 +45,7 @@ std::optional<torch::Tensor> fused_softplus_decay(const torch::Tensor&, const to
 }
 std::optional<OpResult> fused_decode_step(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
                                           const torch::Tensor&, const torch::Tensor&, GateKind, const torch::Tensor&,
-                                          double, int64_t) {
+                                          double, int64_t, bool) {
   return std::nullopt;
 }
 
@@ -97,7 +97,7 @@ std::optional<torch::Tensor> fused_row_norm(const torch::Tensor&, const torch::T
   return std::nullopt;
 }
 std::optional<ShortConvResult> fused_short_conv(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
-                                                const torch::Tensor&, bool, bool) {
+                                                const torch::Tensor&, bool, bool, bool) {
   return std::nullopt;
 }
 std::optional<torch::Tensor> fused_swiglu(const torch::Tensor&, const torch::Tensor&) { return std::nullopt; }

@@ -15,6 +15,10 @@ struct OpResult {
   torch::Tensor o;      // [B, T, H, V]
   torch::Tensor state;  // [B, H, K, V] fp32 final state
 };
+// The recurrent forms' and the short convolution's `in_place`: write the new state over the one given (h0,
+// prefix) and return that tensor, where it has the new state's dtype and layout, so a caller that keeps no
+// other copy (a CUDA graph's buffers) moves no state between steps; other callers leave it false and their
+// states untouched (snapshots).
 
 // ---- The GLA family: gated linear attention  S_t = Diag(exp(g_t)) S_{t-1} + k_t v_t^T ------------------
 // g (log decay, <= 0) selects the decay kind:
@@ -26,7 +30,7 @@ struct OpResult {
 // multiple of Hkv, query head h reading head h / (H / Hkv) (as repeat_heads spreads them), so that a decode
 // step need not copy them to H heads first.
 OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& g, const torch::Tensor& h0, double scale);
+                       const torch::Tensor& g, const torch::Tensor& h0, double scale, bool in_place = false);
 OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& g, const torch::Tensor& h0, double scale, int64_t chunk = 64);
 
@@ -35,7 +39,7 @@ OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::
 // q and k are used as given (layers L2-normalise them first).
 OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
-                              double scale);
+                              double scale, bool in_place = false);
 OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
                           double scale, int64_t chunk = 64);
@@ -94,13 +98,14 @@ torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 // A causal depthwise convolution over time of x [B, T, C] with weight [C, 1, W] and bias [C] (or
 // undefined), from the W-1 inputs before x, prefix [B, C, W-1] (a decoding state; undefined: zeros), then
 // silu when asked: fla's ShortConvolution, with w and bias cast to x's dtype. Returns y [B, T, C] and, with
-// want_cache, the W-1 last inputs [B, C, W-1] (x's dtype) for the next call. On a kernel device one kernel
-// each way (ops/cuda/short_conv.cu); elsewhere cat, conv1d and silu.
+// want_cache, the W-1 last inputs [B, C, W-1] (x's dtype) for the next call, written over the prefix with
+// in_place for one step (T = 1). On a kernel device one kernel each way (ops/cuda/short_conv.cu); elsewhere
+// cat, conv1d and silu.
 struct ShortConvResult {
   torch::Tensor y, cache;
 };
 ShortConvResult short_conv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                           const torch::Tensor& prefix, bool silu, bool want_cache);
+                           const torch::Tensor& prefix, bool silu, bool want_cache, bool in_place = false);
 
 // ---- The decay gate of Gated DeltaNet and KDA (ops/chunk/softplus_decay.cpp) ----------------------------
 // g = -exp(A_log) * softplus(f + dt_bias) in fp32 (Mamba2's parameterisation): f [..., C] with C = H * K

@@ -20,8 +20,9 @@ void ShortConvImpl::init_identity() {
   if (bias.defined()) bias.zero_();
 }
 
-torch::Tensor ShortConvImpl::forward(const torch::Tensor& x, const torch::Tensor& cache, torch::Tensor* new_cache) {
-  auto r = ops::short_conv(x, weight, bias, cache, silu, new_cache != nullptr);
+torch::Tensor ShortConvImpl::forward(const torch::Tensor& x, const torch::Tensor& cache, torch::Tensor* new_cache,
+                                     bool in_place) {
+  auto r = ops::short_conv(x, weight, bias, cache, silu, new_cache != nullptr, in_place);
   if (new_cache) *new_cache = r.cache;
   return r.y;
 }
@@ -66,7 +67,7 @@ torch::Tensor dt_bias_init(int64_t n, const std::string& kind) {
 
 torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep& step, const std::string& name) {
   torch::Tensor cache;
-  auto y = conv->forward(x, step.get(name), step.state ? &cache : nullptr);
+  auto y = conv->forward(x, step.get(name), step.state ? &cache : nullptr, step.in_place());
   step.put(name, cache);
   return y;
 }

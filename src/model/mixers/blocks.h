@@ -26,7 +26,9 @@ class ShortConvImpl : public torch::nn::Module {
   ShortConvImpl(int64_t channels, int64_t width, bool bias, bool silu);
   // x [B, T, C]; cache [B, C, W-1] pre-conv inputs (undefined = zeros). Returns y [B, T, C]; writes the
   // new cache (the last W-1 inputs, cache included) to *new_cache when given.
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cache, torch::Tensor* new_cache);
+  // With in_place (one step), the new cache is written over `cache` (ops::short_conv).
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cache, torch::Tensor* new_cache,
+                        bool in_place = false);
   // Identity init: last tap 1, others 0, bias 0, so the conv passes x through (before the silu).
   void init_identity();
   torch::Tensor weight, bias;  // [C, 1, W], [C] or undefined
@@ -57,6 +59,8 @@ struct MixerStep {
   LayerState* state;
   bool decode;
   MixerStep(LayerState* s, int64_t T) : state(s), decode(s != nullptr && T == 1) {}
+  // A decode step into a state that allows it writes the new state over the old (LayerState::update_in_place).
+  bool in_place() const { return decode && state->update_in_place; }
   torch::Tensor get(const std::string& name) const { return state ? state->get(name) : torch::Tensor(); }
   void put(const std::string& name, const torch::Tensor& t) const {
     if (state) state->tensors[name] = t;

@@ -50,7 +50,7 @@ torch::Tensor DeltaNet::forward(const torch::Tensor& x, LayerState* state) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
-  auto r = step.decode ? ops::delta_rule_recurrent(q, k, v, beta, {}, step.get("S"), scale)
+  auto r = step.decode ? ops::delta_rule_recurrent(q, k, v, beta, {}, step.get("S"), scale, step.in_place())
                        : ops::delta_rule_chunk(q, k, v, beta, {}, step.get("S"), scale, config.chunk_size);
   step.put("S", r.state);
   step.advance(T);

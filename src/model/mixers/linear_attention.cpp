@@ -106,7 +106,7 @@ torch::Tensor LinearAttention::forward(const torch::Tensor& x, LayerState* state
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
-  auto r = step.decode ? ops::gla_recurrent(q, k, v, {}, step.get("S"), scale)
+  auto r = step.decode ? ops::gla_recurrent(q, k, v, {}, step.get("S"), scale, step.in_place())
                        : ops::gla_chunk(q, k, v, {}, step.get("S"), scale, config.chunk_size);
   step.put("S", r.state);
   auto o = r.o;  // [B,T,H,Dv]

@@ -67,7 +67,7 @@ torch::Tensor RetNet::forward(const torch::Tensor& x, LayerState* state) {
   auto g = log_gamma_.to(x.device());  // [H]
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
-  auto r = step.decode ? ops::gla_recurrent(q, k, v, g, step.get("S"), scale)
+  auto r = step.decode ? ops::gla_recurrent(q, k, v, g, step.get("S"), scale, step.in_place())
                        : ops::gla_chunk(q, k, v, g, step.get("S"), scale, config.chunk_size);
   step.put("S", r.state);
   step.advance(T);

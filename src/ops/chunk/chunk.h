@@ -84,7 +84,8 @@ torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tenso
 // k, v and a scalar or vector g have H / groups heads (gla_recurrent's grouped KV heads).
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
-                                          const torch::Tensor& h0, double scale, int64_t groups = 1);
+                                          const torch::Tensor& h0, double scale, int64_t groups = 1,
+                                          bool in_place = false);
 
 // The kernels' forms of diagonal_block_scores, solve_unit_lower, state_pass, walk_decay_gradient and
 // ops::softplus_decay, for the inputs they take (fused_*.cpp beside this header).

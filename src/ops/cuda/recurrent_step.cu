@@ -3,7 +3,8 @@
 // One thread block per (batch, head); each thread owns columns j of the state (the value dimension),
 // so every read and write of S is coalesced across the block. q, k and the per-channel decay sit in
 // shared memory (3 K floats). The delta rule reads its column twice (prediction S'^T k, then update); the
-// second read hits L2. Decode is bound by moving the state once in and once out.
+// second read hits L2. Decode is bound by moving the state once in and once out. S_new may be S (in place):
+// each thread reads every entry of its columns before it writes it.
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -21,7 +22,7 @@ namespace {
 template <typename T>
 __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                       const float* __restrict__ g, int gate_mode, const float* __restrict__ beta,
-                                      const float* __restrict__ S, float* __restrict__ S_new, T* __restrict__ o,
+                                      const float* S, float* S_new, T* __restrict__ o,
                                       int H, int groups, int K, int V, float scale) {
   LINEARIZE_DYNAMIC_SHARED(float, shared);
   float* qs = shared;          // [K] scale * q
@@ -63,7 +64,7 @@ __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restri
 std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, const torch::Tensor& k,
                                                        const torch::Tensor& v, const torch::Tensor& g,
                                                        const torch::Tensor& beta, const torch::Tensor& S,
-                                                       double scale, int64_t groups) {
+                                                       double scale, int64_t groups, bool in_place) {
   const int64_t B = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
   TORCH_CHECK(groups >= 1 && H % groups == 0 && k.size(1) * groups == H && v.size(1) * groups == H,
               "recurrent step: expects k and v with H / groups heads; got q ", q.sizes(), ", k ", k.sizes(), ", v ",
@@ -79,7 +80,7 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
     gate_mode = g.dim() == 1 ? 1 : g.dim() == 2 ? 2 : 3;
   }
   torch::Tensor bc = beta.defined() ? beta.to(torch::kFloat).contiguous() : torch::Tensor();
-  auto S_new = torch::empty_like(Sc);
+  auto S_new = in_place && Sc.is_same(S) ? Sc : torch::empty_like(Sc);
   auto o = torch::empty({B, H, V}, vc.options());
   const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (V + 31) / 32 * 32)));
   const size_t smem = 3 * K * sizeof(float);

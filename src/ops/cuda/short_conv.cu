@@ -49,12 +49,12 @@ __device__ __forceinline__ float input_at(const E* x, const E* prefix, int64_t b
 }
 
 // x [B, T, C] (E), w [C, W] (Wt), bias [C] (Wt) or null, prefix [B, C, W-1] (E) or null -> y [B, T, C] (E) and,
-// with cache, x̃'s last W-1 steps [B, C, W-1] (E).
+// with cache, x̃'s last W-1 steps [B, C, W-1] (E). cache may be prefix when T = 1 (one thread a channel reads
+// its prefix before it writes the cache over it), so neither is __restrict__.
 template <typename E, typename Wt, int W>
 __global__ void __launch_bounds__(kThreads)
     short_conv_forward_kernel(const E* __restrict__ x, const Wt* __restrict__ w, const Wt* __restrict__ bias,
-                              const E* __restrict__ prefix, E* __restrict__ y, E* __restrict__ cache, int T, int C,
-                              bool silu) {
+                              const E* prefix, E* __restrict__ y, E* cache, int T, int C, bool silu) {
   const ConvAt at(T, C);
   if (at.c >= C) return;
   float wc[W], window[W];  // window[i] = x̃[t + i] at step t
@@ -194,11 +194,11 @@ bool short_conv_supported(torch::ScalarType x_dtype, torch::ScalarType w_dtype, 
 }
 
 ShortConvForward short_conv_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
-                                    const torch::Tensor& prefix, bool silu, bool want_cache) {
+                                    const torch::Tensor& prefix, bool silu, bool want_cache, bool cache_into_prefix) {
   const ConvShape s = check_inputs(x, w, bias, prefix);
   const c10::cuda::CUDAGuard guard(x.device());
   ShortConvForward out{torch::empty_like(x), torch::Tensor()};
-  if (want_cache) out.cache = torch::empty({s.B, s.C, s.W - 1}, x.options());
+  if (want_cache) out.cache = cache_into_prefix && s.T == 1 && prefix.defined() ? prefix : torch::empty({s.B, s.C, s.W - 1}, x.options());
   if (s.B == 0 || s.C == 0) return out;
   if (s.T == 0) {  // nothing to convolve: the state passes through
     if (want_cache) out.cache = prefix.defined() ? prefix.clone() : torch::zeros({s.B, s.C, s.W - 1}, x.options());

@@ -11,14 +11,16 @@ namespace linearize::ops::cuda_kernels {
 // libtorch formula (cat, depthwise conv1d, silu). x [B, T, C] (fp32, bf16 or fp16), w [C, W] fp32 or x's
 // dtype, bias [C] (w's dtype) or undefined, prefix [B, C, W-1] (x's dtype) or undefined (zeros); all
 // contiguous, kMinShortConvWidth <= W <= kMaxShortConvWidth. Returns y [B, T, C] and, with want_cache,
-// x̃'s last W-1 steps [B, C, W-1]: the state the next call takes as its prefix.
+// x̃'s last W-1 steps [B, C, W-1]: the state the next call takes as its prefix; with cache_into_prefix (one
+// step, T = 1, and a prefix given) written over the prefix, which is returned as the cache.
 constexpr int64_t kMinShortConvWidth = 2, kMaxShortConvWidth = 4;
 bool short_conv_supported(torch::ScalarType x_dtype, torch::ScalarType w_dtype, int64_t width);
 struct ShortConvForward {
   torch::Tensor y, cache;
 };
 ShortConvForward short_conv_forward(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
-                                    const torch::Tensor& prefix, bool silu, bool want_cache);
+                                    const torch::Tensor& prefix, bool silu, bool want_cache,
+                                    bool cache_into_prefix = false);
 // Its backward given dy (x's shape and dtype, contiguous): dx, dw [C, W] and dbias (when bias is defined) in
 // their inputs' dtypes, dw and dbias summed in fp32 the same way on every run. No gradient of the prefix.
 struct ShortConvGrads {

@@ -18,14 +18,14 @@ namespace linearize::ops {
 
 OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
-                              double scale) {
+                              double scale, bool in_place) {
   detail::check_qkv(q, k, v, "delta_rule_recurrent");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   if (!beta.defined() || beta.dim() != 3 || beta.size(0) != B || beta.size(1) != T || beta.size(2) != H)
     throw Error("delta_rule_recurrent: expected beta [B,T,H] = [" + std::to_string(B) + ", " +
                 std::to_string(T) + ", " + std::to_string(H) + "]");
   const auto kind = detail::gate_kind(g, B, T, H, K, "delta_rule_recurrent");
-  if (auto fused = detail::fused_decode_step(q, k, v, beta, g, kind, h0, scale)) return *fused;  // one CUDA launch
+  if (auto fused = detail::fused_decode_step(q, k, v, beta, g, kind, h0, scale, 1, in_place)) return *fused;  // one launch
   const auto dt = detail::compute_dtype(v);
 
   auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
@@ -43,7 +43,7 @@ OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, co
     outs.push_back(qt.unsqueeze(-2).matmul(S).squeeze(-2) * scale);  // [B,H,V]
   }
   auto o = torch::stack(outs, 1).to(v.scalar_type());  // [B,T,H,V]
-  return {o, S};
+  return {o, detail::returned_state(h0, S, in_place)};
 }
 
 }  // namespace linearize::ops

@@ -33,21 +33,21 @@ int64_t kv_groups(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 }  // namespace
 
 OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& g, const torch::Tensor& h0, double scale) {
+                       const torch::Tensor& g, const torch::Tensor& h0, double scale, bool in_place) {
   if (const int64_t groups = kv_groups(q, k, v, g); groups > 1) {
     // One launch reading the shared heads where the fused step applies; else spread them over the query
     // heads (as repeat_heads does: KV head j serves heads j*G .. j*G+G-1) and take the form below.
     const int64_t B = q.size(0), T = q.size(1), Hkv = k.size(2), K = q.size(3);
     const auto kind = detail::gate_kind(g, B, T, g.defined() && g.dim() == 1 ? q.size(2) : Hkv, K, "gla_recurrent");
-    if (auto fused = detail::fused_decode_step(q, k, v, {}, g, kind, h0, scale, groups)) return *fused;
+    if (auto fused = detail::fused_decode_step(q, k, v, {}, g, kind, h0, scale, groups, in_place)) return *fused;
     auto spread = [&](const torch::Tensor& x) { return x.repeat_interleave(groups, 2); };
     const bool grouped_gate = kind == detail::GateKind::Scalar || kind == detail::GateKind::Vector;
-    return gla_recurrent(q, spread(k), spread(v), grouped_gate ? spread(g) : g, h0, scale);
+    return gla_recurrent(q, spread(k), spread(v), grouped_gate ? spread(g) : g, h0, scale, in_place);
   }
   detail::check_qkv(q, k, v, "gla_recurrent");
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3), V = v.size(3);
   const auto kind = detail::gate_kind(g, B, T, H, K, "gla_recurrent");
-  if (auto fused = detail::fused_decode_step(q, k, v, {}, g, kind, h0, scale)) return *fused;  // one CUDA launch
+  if (auto fused = detail::fused_decode_step(q, k, v, {}, g, kind, h0, scale, 1, in_place)) return *fused;  // one launch
   const auto dt = detail::compute_dtype(v);
 
   auto S = h0.defined() ? h0.to(dt) : torch::zeros({B, H, K, V}, v.options().dtype(dt));  // [B,H,K,V]
@@ -63,7 +63,7 @@ OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const tor
     outs.push_back(qt.unsqueeze(-2).matmul(S).squeeze(-2) * scale);  // [B,H,V]
   }
   auto o = torch::stack(outs, 1).to(v.scalar_type());  // [B,T,H,V]
-  return {o, S};
+  return {o, detail::returned_state(h0, S, in_place)};
 }
 
 }  // namespace linearize::ops

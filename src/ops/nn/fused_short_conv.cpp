@@ -44,7 +44,7 @@ struct ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
 
 std::optional<ShortConvResult> fused_short_conv(const torch::Tensor& x, const torch::Tensor& weight,
                                                 const torch::Tensor& bias, const torch::Tensor& prefix, bool silu,
-                                                bool want_cache) {
+                                                bool want_cache, bool in_place) {
   const int64_t W = weight.size(2);
   const bool fused = fused_kernels_enabled() && on_kernel_device(x) && x.numel() > 0 &&
                      cuda_kernels::short_conv_supported(x.scalar_type(), weight.scalar_type(), W) &&
@@ -54,6 +54,12 @@ std::optional<ShortConvResult> fused_short_conv(const torch::Tensor& x, const to
   if (!fused) return std::nullopt;
   auto placeholder = torch::empty({0}, x.options());
   auto p = prefix.defined() ? prefix.to(x.scalar_type()).contiguous() : placeholder;
+  if (in_place && p.is_same(prefix) && !torch::GradMode::is_enabled()) {  // one step, the new cache over the old
+    auto r = cuda_kernels::short_conv_forward(x.contiguous(), weight.view({x.size(2), W}).contiguous(),
+                                              bias.defined() ? bias.contiguous() : torch::Tensor(), p, silu,
+                                              want_cache, /*cache_into_prefix=*/true);
+    return ShortConvResult{r.y, r.cache};
+  }
   auto r = ShortConvFunction::apply(x.contiguous(), weight.view({x.size(2), W}).contiguous(),
                                     bias.defined() ? bias.contiguous() : placeholder, p,
                                     silu, want_cache);

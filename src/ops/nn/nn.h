@@ -22,7 +22,7 @@ std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch:
 // short_conv (ops/cuda/short_conv.cu).
 std::optional<ShortConvResult> fused_short_conv(const torch::Tensor& x, const torch::Tensor& weight,
                                                 const torch::Tensor& bias, const torch::Tensor& prefix, bool silu,
-                                                bool want_cache);
+                                                bool want_cache, bool in_place = false);
 
 // swiglu (ops/cuda/swiglu.cu).
 std::optional<torch::Tensor> fused_swiglu(const torch::Tensor& gate, const torch::Tensor& up);

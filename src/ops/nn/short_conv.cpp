@@ -32,11 +32,14 @@ ShortConvResult formula(const torch::Tensor& x, const torch::Tensor& weight, con
 }  // namespace
 
 ShortConvResult short_conv(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                           const torch::Tensor& prefix, bool silu, bool want_cache) {
+                           const torch::Tensor& prefix, bool silu, bool want_cache, bool in_place) {
   TORCH_CHECK(x.dim() == 3 && weight.dim() == 3 && weight.size(0) == x.size(2) && weight.size(1) == 1,
               "short conv: expects x [B, T, C] and weight [C, 1, W]; got ", x.sizes(), " and ", weight.sizes());
-  if (auto fused = detail::fused_short_conv(x, weight, bias, prefix, silu, want_cache)) return *fused;
-  return formula(x, weight, bias, prefix, silu, want_cache);
+  in_place = in_place && want_cache && x.size(1) == 1;
+  if (auto fused = detail::fused_short_conv(x, weight, bias, prefix, silu, want_cache, in_place)) return *fused;
+  auto out = formula(x, weight, bias, prefix, silu, want_cache);
+  if (want_cache) out.cache = detail::returned_state(prefix, out.cache, in_place);
+  return out;
 }
 
 }  // namespace linearize::ops
