@@ -42,7 +42,8 @@ GLA::GLA(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor GLA::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, Hkv = config.kv_heads(), G = H / Hkv;
   const mixers::MixerStep step(state, T);
-  const auto in = inputs(x);  // q_proj, k_proj, v_proj, gk_proj's first stage, g_proj: one matrix product once packed
+  // q_proj, k_proj, v_proj, gk_proj's first stage and g_proj: one matrix product once packed
+  const auto in = inputs(x);
   // q [B,T,H*Dk], k [B,T,Hkv*Dk], v [B,T,Hkv*Dv]
   auto q = mixers::head_norm(q_norm, in[q_proj]), k = mixers::head_norm(k_norm, in[k_proj]), v = in[v_proj];
   if (config.use_short_conv) {
@@ -56,8 +57,8 @@ torch::Tensor GLA::forward(const torch::Tensor& x, LayerState* state) {
   q = mixers::split_heads(q, H);                                        // [B,T,H,Dk]
   k = mixers::repeat_heads(mixers::split_heads(k, Hkv), spread);        // [B,T,H,Dk] (decode: Hkv)
   v = mixers::repeat_heads(mixers::split_heads(v, Hkv), spread);        // [B,T,H,Dv] (decode: Hkv)
-  const auto gk_in = in[mixers::low_rank_stage(gk_proj, 0)];                                   // [B,T,rank]
-  auto gk = mixers::repeat_heads(mixers::split_heads(mixers::low_rank_stage(gk_proj, 1)(gk_in), Hkv), spread);  // [B,T,H,Dk]
+  const auto gk_kv = mixers::low_rank_stage(gk_proj, 1)(in[mixers::low_rank_stage(gk_proj, 0)]);  // [B,T,Hkv*Dk]
+  auto gk = mixers::repeat_heads(mixers::split_heads(gk_kv, Hkv), spread);                            // [B,T,H,Dk]
   auto g = torch::log_sigmoid(gk.to(torch::kFloat)) / config.gate_logit_normalizer;       // fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 

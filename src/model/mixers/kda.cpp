@@ -50,7 +50,8 @@ KDA::KDA(const MixerConfig& c) : config(c.resolved()) {
 torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, HV = config.value_heads();
   const mixers::MixerStep step(state, T);
-  // q_proj, k_proj, v_proj, b_proj, the first stages of f_proj and g_proj (or the full g_proj): one matrix product once packed
+  // q_proj, k_proj, v_proj, b_proj and the first stages of f_proj and g_proj (or the whole g_proj): one
+  // matrix product once packed
   const auto in = inputs(x);
   auto [q, k, v] = mixers::delta_rule_qkv(mixers::head_norm(q_norm, in[q_proj]), mixers::head_norm(k_norm, in[k_proj]),
                                           in[v_proj], config.use_short_conv, q_conv1d,
@@ -74,8 +75,9 @@ torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   if (!g_proj && !g_full) {
     o = o_norm(r.o);
   } else {
-    const auto gate_in = g_proj ? mixers::low_rank_stage(g_proj, 1)(in[mixers::low_rank_stage(g_proj, 0)]) : in[g_full];
-    const auto gate = mixers::split_heads(gate_in, HV);  // [B,T,HV,Dv]
+    const auto gate_flat = g_proj ? mixers::low_rank_stage(g_proj, 1)(in[mixers::low_rank_stage(g_proj, 0)])
+                                  : in[g_full];           // [B,T,HV*Dv]
+    const auto gate = mixers::split_heads(gate_flat, HV);  // [B,T,HV,Dv]
     o = config.kda_gate_mode == "add_in_norm" ? o_norm(r.o + gate)
                                               : ops::rms_norm(r.o, o_norm->weight, o_norm->eps, gate, ops::Gate::sigmoid);
   }
