@@ -16,6 +16,7 @@
 #include "cuda_test_util.h"
 #include "distill/stages.h"
 #include "infer/graphed_step.h"
+#include "io/error.h"
 #include "model/causal_lm.h"
 #include "model/layer_state.h"
 #include "model/mixers/factory.h"
@@ -198,6 +199,8 @@ TEST(CudaTrain, Bf16AutocastStage3KeepsFp32WeightsAndLearns) {
 
 // ---- CUDA-graph decode ----------------------------------------------------------------------------
 
+// Every student a graph can serve, and the teacher with a fixed-capacity KV cache, step through a real graph
+// as they step eagerly.
 TEST(CudaDecode, GraphedStepMatchesEagerStep) {
   REQUIRE_CUDA();
   NoTf32 no_tf32;
@@ -210,6 +213,20 @@ TEST(CudaDecode, GraphedStepMatchesEagerStep) {
   ModelState teacher_state = teacher->new_state();
   teacher->forward(prompt, &teacher_state);
   EXPECT_FALSE(GraphedDecodeStep::usable(teacher, teacher_state)) << "the teacher's KV cache grows";
+  {  // the teacher through a KV cache of fixed capacity: the prompt and 6 steps
+    ModelState eager = teacher_state;
+    GraphedDecodeStep graph(teacher, teacher_state, B, GraphedDecodeStep::Replay::cuda_graph, 16);
+    double worst = 0;
+    auto ids = prompt.narrow(1, 9, 1);
+    for (int step = 0; step < 6; ++step) {
+      auto want = teacher->forward(ids, &eager);
+      worst = std::max(worst, rel_err(graph.step(ids), want));
+      ids = want.argmax(-1);
+    }
+    EXPECT_LE(worst, 1e-5) << "teacher";
+    EXPECT_THROW(graph.step(ids), Error) << "the capacity is reached";
+    std::printf("[cuda-graph] %-18s logits %.1e over 6 steps\n", "teacher", worst);
+  }
   for (const auto& kind : mixer_kinds()) {
     SCOPED_TRACE(kind);
     auto student = build_student(teacher, StudentSpec::make(parse_mixer_kind(kind), "default", {}, c));

@@ -7,6 +7,7 @@
 #include "compat/torch_compat.h"
 #include "eval/perplexity.h"
 #include "infer/generate.h"
+#include "infer/graphed_step.h"
 #include "io/atomic_file.h"
 #include "io/bpe_trainer.h"
 #include "io/error.h"
@@ -188,6 +189,54 @@ TEST(Llama, PackedProjectionsGiveTheSameLogits) {
   EXPECT_FALSE(model->layer(0)->mixer->projections_packed());
   EXPECT_FALSE(model->layer(0)->mlp->gate_up.packed());
   EXPECT_LT(test::rel_err(model->forward(ids).to(torch::kFloat), full), 1e-5);
+}
+
+// A teacher's decode steps into a graph's fixed-capacity KV cache (through the graph's eager stand-in, so on
+// any machine) give the growing cache's logits, with and without a sliding window; the state comes back as
+// a growing cache that goes on the same; another state loads into the same buffers; a full cache is refused.
+TEST(Llama, FixedCapacityCacheStepsMatchTheGrowingCache) {
+  using Replay = GraphedDecodeStep::Replay;
+  for (const int64_t window : {0, 5}) {
+    SCOPED_TRACE("sliding window " + std::to_string(window));
+    torch::manual_seed(5);
+    LlamaConfig c;
+    c.vocab_size = 53; c.hidden_size = 32; c.intermediate_size = 40; c.num_hidden_layers = 2;
+    c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8; c.rope_theta = 1e4;
+    c.sliding_window = window;
+    CausalLM model(c);
+    init_weights_normal(*model, 0.2);
+    torch::NoGradGuard ng;
+    const auto ids = torch::randint(0, c.vocab_size, {2, 20}, torch::kLong);
+    ModelState st = model->new_state();
+    model->forward(ids.narrow(1, 0, 7), &st);
+    ModelState reference = st;
+    std::string why;
+    EXPECT_FALSE(GraphedDecodeStep::usable(model, st, &why, Replay::eager));
+    EXPECT_NE(why.find("capacity"), std::string::npos) << why;
+    const int64_t capacity = 17;
+    ASSERT_TRUE(GraphedDecodeStep::usable(model, st, &why, Replay::eager, capacity)) << why;
+    GraphedDecodeStep graph(model, st, 2, Replay::eager, capacity);
+    for (int64_t t = 7; t < capacity; ++t) {
+      const auto expected = model->forward(ids.narrow(1, t, 1), &reference);
+      EXPECT_LT(test::rel_err(graph.step(ids.narrow(1, t, 1)), expected), 1e-5) << "token " << t;
+    }
+    EXPECT_THROW(graph.step(ids.narrow(1, capacity, 1)), Error);
+
+    auto back = graph.state();
+    ASSERT_EQ(back[0].position, capacity);
+    EXPECT_FALSE(back[0].has("slot"));
+    EXPECT_LT(test::rel_err(model->forward(ids.narrow(1, capacity, 3), &back),
+                            model->forward(ids.narrow(1, capacity, 3), &reference)), 1e-5);
+
+    ModelState other = model->new_state();  // 4 other tokens, then the same steps through the loaded graph
+    const auto other_ids = torch::randint(0, c.vocab_size, {2, 8}, torch::kLong);
+    model->forward(other_ids.narrow(1, 0, 4), &other);
+    graph.load(other);
+    for (int64_t t = 4; t < 8; ++t) {
+      const auto expected = model->forward(other_ids.narrow(1, t, 1), &other);
+      EXPECT_LT(test::rel_err(graph.step(other_ids.narrow(1, t, 1)), expected), 1e-5) << "loaded, token " << t;
+    }
+  }
 }
 
 // Attention with grouped KV heads (each KV head read by H / Hkv query heads, no copy) against fp64 scores with

@@ -30,11 +30,14 @@ std::vector<int32_t> generate(CausalLM& model, const std::vector<int32_t>& promp
     auto ids = torch::tensor(std::vector<int64_t>(prompt.begin(), prompt.end()), torch::kLong).to(device).unsqueeze(0);
     logits = model->forward(ids, &st).select(1, -1).squeeze(0);  // [V]
   }
-  // A student on CUDA decodes through a captured graph (one launch per token) when it can.
+  // On CUDA the steps replay a captured graph (one launch per token) where they can; softmax layers then keep
+  // a KV cache of room for every token asked for.
   std::unique_ptr<GraphedDecodeStep> graph;
-  if (options.cuda_graph && options.max_new_tokens >= 8 && GraphedDecodeStep::usable(model, st)) {
+  const int64_t capacity = (st.empty() ? 0 : st[0].position) + options.max_new_tokens;
+  if (options.cuda_graph && options.max_new_tokens >= 8 &&
+      GraphedDecodeStep::usable(model, st, nullptr, GraphedDecodeStep::Replay::cuda_graph, capacity)) {
     try {
-      graph = std::make_unique<GraphedDecodeStep>(model, st, 1);
+      graph = std::make_unique<GraphedDecodeStep>(model, st, 1, GraphedDecodeStep::Replay::cuda_graph, capacity);
     } catch (const Error&) {
       graph.reset();  // the eager step below is always correct
     }

@@ -17,7 +17,7 @@ struct GenerateOptions {
   int64_t max_new_tokens = 128;
   SamplingOptions sampling;
   std::vector<int64_t> stop_ids;  // generation ends after emitting one of these
-  bool cuda_graph = true;         // students on CUDA: decode through a captured graph (infer/graphed_step.h)
+  bool cuda_graph = true;         // on CUDA: decode through a captured graph (infer/graphed_step.h)
 };
 
 // Token ids a prompt starts with: BOS for SentencePiece (Llama-2 style) tokenizers or when the prompt

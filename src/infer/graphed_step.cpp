@@ -11,7 +11,26 @@
 
 namespace linearize {
 
-bool GraphedDecodeStep::usable(const CausalLM& model, const ModelState& state, std::string* why, Replay replay) {
+namespace {
+
+bool softmax_layer(const CausalLM& model, int64_t i) { return model->layer(i)->mixer->kind() == "softmax_attention"; }
+
+// A softmax layer's growing KV cache as one of `capacity` entries, its first `position` those of the state
+// and the entry the next token goes to in "slot" [1] on the device (LlamaAttention::forward_fixed_cache).
+void to_fixed_cache(LayerState& s, int64_t capacity) {
+  for (const char* name : {"k", "v"}) {
+    const auto t = s.get(name);  // [B,Hkv,>= position,D]
+    auto fixed = torch::zeros({t.size(0), t.size(1), capacity, t.size(3)}, t.options());
+    fixed.narrow(2, 0, s.position).copy_(t.narrow(2, 0, s.position));
+    s.tensors[name] = fixed;
+  }
+  s.tensors["slot"] = torch::full({1}, s.position, s.get("k").options().dtype(torch::kLong));
+}
+
+}  // namespace
+
+bool GraphedDecodeStep::usable(const CausalLM& model, const ModelState& state, std::string* why, Replay replay,
+                               int64_t capacity) {
   auto no = [&](const std::string& reason) {
     if (why) *why = reason;
     return false;
@@ -23,18 +42,22 @@ bool GraphedDecodeStep::usable(const CausalLM& model, const ModelState& state, s
     if (!model->lm_head_weight().is_cuda()) return no("the model is not on CUDA");
 #endif
   }
+  if (state.empty() || state[0].tensors.empty()) return no("the state is empty (prefill first)");
   for (int64_t i = 0; i < model->num_layers(); ++i) {
     const auto kind = model->layer(i)->mixer->kind();
-    if (kind == "softmax_attention") return no("layer " + std::to_string(i) + " keeps softmax attention (growing KV cache)");
     if (kind == "retnet") return no("RetNet rotates by absolute position, which a graph would freeze");
+    if (kind == "softmax_attention" && capacity <= state.at(i).position)
+      return no("layer " + std::to_string(i) + " keeps softmax attention, whose KV cache needs a capacity beyond the " +
+                std::to_string(state.at(i).position) + " tokens it holds");
   }
-  if (state.empty() || state[0].tensors.empty()) return no("the state is empty (prefill first)");
   return true;
 }
 
 struct GraphedDecodeStep::Impl {
   CausalLM model{nullptr};
   Replay replay = Replay::cuda_graph;
+  int64_t capacity = 0;        // the softmax layers' KV cache entries
+  std::vector<bool> fixed;     // per layer: a fixed-capacity KV cache (softmax attention)
   ModelState buffers;  // the state the step reads and then overwrites in place (update_in_place)
   torch::Tensor ids, logits;
 #ifdef LINEARIZE_WITH_CUDA
@@ -102,18 +125,23 @@ void GraphedDecodeStep::Impl::capture() { throw Error("CUDA graph decode: this b
 
 #endif
 
-GraphedDecodeStep::GraphedDecodeStep(CausalLM model, const ModelState& state, int64_t batch, Replay replay)
+GraphedDecodeStep::GraphedDecodeStep(CausalLM model, const ModelState& state, int64_t batch, Replay replay,
+                                     int64_t capacity)
     : impl_(std::make_unique<Impl>()) {
   std::string why;
-  if (!usable(model, state, &why, replay)) throw Error("CUDA graph decode: " + why);
+  if (!usable(model, state, &why, replay, capacity)) throw Error("CUDA graph decode: " + why);
   torch::NoGradGuard no_grad;
   auto& m = *impl_;
   m.model = model;
   m.replay = replay;
+  m.capacity = capacity;
   m.buffers = state;
-  for (auto& layer : m.buffers) {
+  for (size_t l = 0; l < m.buffers.size(); ++l) {
+    auto& layer = m.buffers[l];
     for (auto& [name, t] : layer.tensors) t = t.clone();
     layer.update_in_place = true;  // the buffers are the graph's alone
+    m.fixed.push_back(softmax_layer(model, static_cast<int64_t>(l)));
+    if (m.fixed.back()) to_fixed_cache(layer, capacity);
   }
   m.ids = torch::zeros({batch, 1}, torch::TensorOptions().dtype(torch::kLong).device(model->lm_head_weight().device()));
   if (replay == Replay::cuda_graph) m.capture();
@@ -125,6 +153,9 @@ torch::Tensor GraphedDecodeStep::step(const torch::Tensor& ids) {
   auto& m = *impl_;
   if (ids.sizes() != m.ids.sizes())
     throw Error("CUDA graph decode: captured for ids of shape [" + std::to_string(m.ids.size(0)) + ", 1]");
+  for (size_t l = 0; l < m.buffers.size(); ++l)
+    if (m.fixed[l] && m.buffers[l].position >= m.capacity)
+      throw Error("CUDA graph decode: the KV cache is full (its capacity is " + std::to_string(m.capacity) + " tokens)");
   torch::NoGradGuard no_grad;
   m.ids.copy_(ids);
 #ifdef LINEARIZE_WITH_CUDA
@@ -137,9 +168,11 @@ torch::Tensor GraphedDecodeStep::step(const torch::Tensor& ids) {
 
 ModelState GraphedDecodeStep::state() const {
   ModelState out = impl_->buffers;
-  for (auto& layer : out) {
+  for (size_t l = 0; l < out.size(); ++l) {
+    auto& layer = out[l];
     for (auto& [name, t] : layer.tensors) t = t.clone();
     layer.update_in_place = false;
+    layer.tensors.erase("slot");  // a fixed cache goes back as a growing one: `position` entries, room after them
   }
   return out;
 }
@@ -151,13 +184,24 @@ void GraphedDecodeStep::load(const ModelState& state) {
   torch::NoGradGuard no_grad;
   for (size_t l = 0; l < state.size(); ++l) {
     auto& mine = m.buffers[l];
-    if (state[l].tensors.size() != mine.tensors.size())
-      refuse("layer " + std::to_string(l) + " has other state tensors than the ones captured");
+    const std::string layer = "layer " + std::to_string(l);
+    if (state[l].tensors.size() + (m.fixed[l] ? 1 : 0) != mine.tensors.size())
+      refuse(layer + " has other state tensors than the ones captured");
+    if (m.fixed[l] && state[l].position >= m.capacity)
+      refuse(layer + " holds " + std::to_string(state[l].position) + " tokens, the KV cache " + std::to_string(m.capacity));
     for (auto& [name, buf] : mine.tensors) {
+      if (m.fixed[l] && name == "slot") {
+        buf.fill_(state[l].position);
+        continue;
+      }
       const auto t = state[l].get(name);
-      if (!t.defined() || t.sizes() != buf.sizes())
-        refuse("layer " + std::to_string(l) + "'s " + name + " is missing or has another shape than the one captured");
-      buf.copy_(t);
+      const bool cache = m.fixed[l] && (name == "k" || name == "v");  // the first `position` entries
+      if (!t.defined() || (cache ? t.dim() != 4 || t.size(2) < state[l].position || t.size(0) != buf.size(0) ||
+                                       t.size(1) != buf.size(1) || t.size(3) != buf.size(3)
+                                 : t.sizes() != buf.sizes()))
+        refuse(layer + "'s " + name + " is missing or has another shape than the one captured");
+      if (cache) buf.narrow(2, 0, state[l].position).copy_(t.narrow(2, 0, state[l].position));
+      else buf.copy_(t);
     }
     mine.position = state[l].position;
   }

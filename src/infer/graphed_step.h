@@ -1,8 +1,10 @@
-// One decode step of a student captured as a CUDA graph: the whole model (every layer's projections,
-// gates, fused state update, the LM head) replays as one launch per token, so decoding is no longer
-// bound by the host issuing a thousand small kernels. Only for fixed-size states: students whose
-// mixers do not depend on the absolute position (not RetNet, which rotates by position; not the
-// teacher, whose KV cache grows). Graphs need the GPU build; the eager stand-in runs anywhere.
+// One decode step captured as a CUDA graph: the whole model (every layer's projections, gates, fused state
+// update, the LM head) replays as one launch per token, so decoding is no longer bound by the host issuing
+// a thousand small kernels. For states of a fixed size: students whose mixers do not depend on the absolute
+// position (not RetNet, which rotates by position), and softmax attention (a teacher, a hybrid's kept
+// layers) given a capacity: its KV cache then has that many entries from the start and the step writes
+// and masks by a position kept on the device (LlamaAttention::forward_fixed_cache). Graphs need the GPU
+// build; the eager stand-in runs anywhere.
 #pragma once
 #include <torch/torch.h>
 
@@ -19,18 +21,21 @@ class GraphedDecodeStep {
   // buffers, so that CPU tests can check what callers do with a graph (serve/batched_decode.cpp).
   enum class Replay { cuda_graph, eager };
 
-  // Whether a graph can serve this model and state (CUDA for a graph, every layer's mixer position-free,
-  // a non-empty state); `why` receives the reason when not.
+  // Whether a graph can serve this model and state (CUDA for a graph, no RetNet layer, softmax attention only
+  // with a capacity beyond the state's position, a non-empty state); `why` receives the reason when not.
   static bool usable(const CausalLM& model, const ModelState& state, std::string* why = nullptr,
-                     Replay replay = Replay::cuda_graph);
+                     Replay replay = Replay::cuda_graph, int64_t capacity = 0);
 
   // Captures model->forward(ids [B, 1], &state) for the shapes of `state` (already filled by a
-  // prefill) and takes over its contents. Throws linearize::Error when capture fails.
-  GraphedDecodeStep(CausalLM model, const ModelState& state, int64_t batch, Replay replay = Replay::cuda_graph);
+  // prefill) and takes over its contents. capacity: the tokens a softmax layer's KV cache holds, context
+  // included (0 without such layers). Throws linearize::Error when capture fails.
+  GraphedDecodeStep(CausalLM model, const ModelState& state, int64_t batch, Replay replay = Replay::cuda_graph,
+                    int64_t capacity = 0);
   ~GraphedDecodeStep();
 
   // Feeds ids [B, 1] (int64, on the model's device); returns logits [B, 1, V]. The returned tensor is
-  // the graph's output buffer, overwritten by the next step: clone it to keep it.
+  // the graph's output buffer, overwritten by the next step: clone it to keep it. Throws once a KV cache
+  // is full (the capacity reached).
   torch::Tensor step(const torch::Tensor& ids);
 
   // The current state (copies; positions advanced by the steps taken).

@@ -164,6 +164,7 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> LlamaAttention::project_
 }
 
 torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state) {
+  if (state && state->has("slot")) return forward_fixed_cache(x, *state);
   const auto B = x.size(0), T = x.size(1);
   const int64_t start = state ? state->position : 0;
   auto [q, k, v] = project_qkv(x);  // [B,H,T,D], [B,Hkv,T,D] x2
@@ -200,6 +201,33 @@ torch::Tensor LlamaAttention::forward(const torch::Tensor& x, LayerState* state)
     o = compat::attention(q, k, v, /*causal=*/true, scale);
   }
   return o_proj(o.transpose(1, 2).reshape({B, T, num_heads * head_dim}));
+}
+
+// The state holds "k", "v" [B,Hkv,C,D] of a fixed capacity C and "slot" [1] (int64), the entry this token
+// goes to; everything the step reads is on the device, not the host's position, so a captured graph replays
+// it step after step. The keys past the slot are masked out. Rows of a batch at different positions
+// ("row_start", as in forward) are rotated and masked by their own.
+torch::Tensor LlamaAttention::forward_fixed_cache(const torch::Tensor& x, LayerState& state) {
+  const auto B = x.size(0);
+  if (x.size(1) != 1)
+    throw Error("attention: a fixed-capacity KV cache takes one token a step, got " + std::to_string(x.size(1)));
+  const auto slot = state.get("slot"), kc = state.get("k"), vc = state.get("v");  // [1], [B,Hkv,C,D] x2
+  auto [q, k, v] = project_qkv(x);                                                // [B,H,1,D], [B,Hkv,1,D] x2
+  const auto row_start = state.get("row_start");                                 // [B] or undefined
+  const auto pos = row_start.defined() ? (slot - row_start).view({B, 1}) : slot.view({1, 1}).expand({B, 1});
+  q = rotary_.apply_at(q, pos);
+  k = rotary_.apply_at(k, pos);
+  kc.index_copy_(2, slot, k.to(kc.scalar_type()));
+  vc.index_copy_(2, slot, v.to(vc.scalar_type()));
+  const auto key_slot = torch::arange(kc.size(2), slot.options()).view({1, 1, 1, -1});  // [1,1,1,C]
+  const auto now = slot.view({1, 1, 1, 1});
+  auto mask = key_slot.le(now);
+  if (row_start.defined()) mask = mask.logical_and(key_slot.ge(row_start.view({-1, 1, 1, 1})));
+  if (sliding_window > 0) mask = mask.logical_and(key_slot.gt(now - sliding_window));
+  auto o = compat::attention(q, kc, vc, mask, 1.0 / std::sqrt(static_cast<double>(head_dim)));  // [B,H,1,D]
+  slot.add_(1);
+  state.position += 1;
+  return o_proj(o.transpose(1, 2).reshape({B, 1, num_heads * head_dim}));
 }
 
 torch::Tensor LlamaAttention::forward_packed(const torch::Tensor& x, const PackedRows& rows) {

@@ -71,6 +71,8 @@ class LlamaAttention : public TokenMixer {
  private:
   // q [B,H,T,D], k and v [B,Hkv,T,D], q and k before RoPE (Qwen3's per-head norms applied).
   std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> project_qkv(const torch::Tensor& x);
+  // One decode step into a KV cache of fixed capacity (a state holding "slot", a CUDA graph's buffers).
+  torch::Tensor forward_fixed_cache(const torch::Tensor& x, LayerState& state);
   Rotary rotary_;
 };
 
