@@ -14,6 +14,7 @@
 #include "io/tokenizer.h"
 #include "io/safetensors.h"
 #include "model/model_io.h"
+#include "model/packed_projections.h"
 #include "model/student.h"
 #include "test_util.h"
 
@@ -189,6 +190,27 @@ TEST(Llama, PackedProjectionsGiveTheSameLogits) {
   EXPECT_FALSE(model->layer(0)->mixer->projections_packed());
   EXPECT_FALSE(model->layer(0)->mlp->gate_up.packed());
   EXPECT_LT(test::rel_err(model->forward(ids).to(torch::kFloat), full), 1e-5);
+}
+
+// A packed group runs one product for a few rows (its outputs are views of one tensor) and the layers one by
+// one for more than kMaxPackedRows rows; both give the layers' own outputs.
+TEST(Llama, PackedProductOnlyForFewRows) {
+  torch::manual_seed(6);
+  torch::nn::Linear a(torch::nn::LinearOptions(8, 5)), b(torch::nn::LinearOptions(8, 3).bias(false));
+  PackedProjections group;
+  group.add(a);
+  group.add(b);
+  group.pack();
+  ASSERT_TRUE(group.packed());
+  torch::NoGradGuard ng;
+  for (const int64_t rows : {int64_t{6}, PackedProjections::kMaxPackedRows + 1}) {
+    SCOPED_TRACE(rows);
+    const auto x = torch::randn({1, rows, 8});
+    const auto out = group(x);
+    EXPECT_EQ(out[a].storage().is_alias_of(out[b].storage()), rows <= PackedProjections::kMaxPackedRows);
+    EXPECT_LT(test::rel_err(out[a], a(x)), 1e-6);
+    EXPECT_LT(test::rel_err(out[b], b(x)), 1e-6);
+  }
 }
 
 // A teacher's decode steps into a graph's fixed-capacity KV cache (through the graph's eager stand-in, so on

@@ -181,7 +181,6 @@ DistillResult distill(const DistillOptions& o) {
   } else if (teacher_dtype != torch::kFloat) {
     teacher->to(teacher_dtype);
   }
-  teacher->pack_projections();  // frozen from here on: its q, k, v and the MLP's gate and up as one product each
   student->recompute = o.loop.recompute;
   student->train();
   if (!o.loop.quiet) {

@@ -75,7 +75,8 @@ ProjectionOutputs PackedProjections::forward(const torch::Tensor& x) {
       if (l->weight.requires_grad() || (l->bias.defined() && l->bias.requires_grad())) return true;
     return false;
   };
-  if (packed() && !weights_need_grad()) {
+  const int64_t rows = x.dim() > 0 && x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
+  if (rows <= kMaxPackedRows && packed() && !weights_need_grad()) {
     outputs = torch::linear(x, weight_, bias_).split_with_sizes(sizes_, -1);  // [..., out_i] views
   } else {
     for (auto& l : layers_) outputs.push_back(l->forward(x));

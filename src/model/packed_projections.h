@@ -5,12 +5,15 @@
 //              own weight becomes the view W[rows of i], so packing adds no memory, and whatever trains,
 //              loads or saves through the layers sees and changes the same numbers.
 //   forward(): y = x W^T + b split by layer, [..., out_i] each (views of y), when packed, no gradient
-//              wanted for the weights (no gradient mode, or frozen weights: a distillation teacher) and
-//              every layer still holding its view; otherwise each layer on its own.
+//              wanted for the weights (no gradient mode, or frozen weights: a distillation teacher), x of
+//              at most kMaxPackedRows rows and every layer still holding its view; otherwise each layer
+//              on its own.
 //
-// One launch instead of several matters where a step is bound by launching kernels: decoding a token,
-// a small teacher's forward in distillation. A move to another device or dtype gives the layers new
-// weights, which ends the packing (forward falls back; pack() again to renew it).
+// One launch instead of several matters where a step is bound by launching kernels: decoding. The outputs
+// of one product are strided views, which the next kernels (short conv, SwiGLU) copy before they read
+// them; for many rows (a prefill, an evaluation batch) those copies would cost more than the launches
+// saved, so such inputs run the layers one by one. A move to another device or dtype gives the layers
+// new weights, which ends the packing (forward falls back; pack() again to renew it).
 #pragma once
 #include <torch/torch.h>
 
@@ -33,6 +36,8 @@ class ProjectionOutputs {
 
 class PackedProjections {
  public:
+  static constexpr int64_t kMaxPackedRows = 1024;  // rows of x (tokens of the batch) a packed product takes
+
   // Adds a layer reading the group's input; an empty holder (an optional layer left out) is skipped.
   void add(const torch::nn::Linear& layer);
   ProjectionOutputs forward(const torch::Tensor& x);
