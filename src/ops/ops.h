@@ -91,7 +91,8 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 
 // ---- The Llama MLP's SwiGLU product (ops/nn/swiglu.cpp) ------------------------------------------------
 // silu(gate) * up, as libtorch rounds it; on a kernel device one kernel each way (ops/cuda/swiglu.cu)
-// where gate and up share shape and dtype, elsewhere the formula.
+// where gate and up share shape and dtype, elsewhere the formula, which also takes strided views when no
+// gradient is wanted (no copies first).
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 
 // ---- The mixers' short convolutions (ops/nn/short_conv.cpp) ---------------------------------------------

@@ -36,6 +36,11 @@ std::optional<torch::Tensor> fused_swiglu(const torch::Tensor& gate, const torch
                        up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() &&
                        up.device() == gate.device() && cuda_kernels::swiglu_supported(gate.scalar_type());
   if (!applies) return std::nullopt;
+  // Strided views (a packed product's halves) without gradients: the formula's two launches read them as
+  // they are, where the kernel would need a copy of each first.
+  const bool strided = !gate.is_contiguous() || !up.is_contiguous();
+  const bool grads = torch::GradMode::is_enabled() && (gate.requires_grad() || up.requires_grad());
+  if (strided && !grads) return std::nullopt;
   return SwigluFunction::apply(gate.contiguous(), up.contiguous())[0];
 }
 
