@@ -138,10 +138,11 @@ GraphedDecodeStep::GraphedDecodeStep(CausalLM model, const ModelState& state, in
   m.buffers = state;
   for (size_t l = 0; l < m.buffers.size(); ++l) {
     auto& layer = m.buffers[l];
-    for (auto& [name, t] : layer.tensors) t = t.clone();
     layer.update_in_place = true;  // the buffers are the graph's alone
     m.fixed.push_back(softmax_layer(model, static_cast<int64_t>(l)));
-    if (m.fixed.back()) to_fixed_cache(layer, capacity);
+    if (m.fixed.back()) to_fixed_cache(layer, capacity);  // new k, v and slot: copies of the caches already
+    for (auto& [name, t] : layer.tensors)
+      if (!m.fixed.back() || (name != "k" && name != "v" && name != "slot")) t = t.clone();
   }
   m.ids = torch::zeros({batch, 1}, torch::TensorOptions().dtype(torch::kLong).device(model->lm_head_weight().device()));
   if (replay == Replay::cuda_graph) m.capture();
