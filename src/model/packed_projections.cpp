@@ -65,7 +65,8 @@ bool PackedProjections::packed() const {
 }
 
 ProjectionOutputs PackedProjections::forward(const torch::Tensor& x) {
-  if (weight_.defined() && !packed()) weight_ = bias_ = torch::Tensor();  // the layers moved on: free the stack
+  const bool is_packed = packed();
+  if (weight_.defined() && !is_packed) weight_ = bias_ = torch::Tensor();  // the layers moved on: free the stack
   std::vector<const torch::nn::LinearImpl*> keys;
   std::vector<torch::Tensor> outputs;
   for (const auto& l : layers_) keys.push_back(l.get());
@@ -76,7 +77,7 @@ ProjectionOutputs PackedProjections::forward(const torch::Tensor& x) {
     return false;
   };
   const int64_t rows = x.dim() > 0 && x.size(-1) > 0 ? x.numel() / x.size(-1) : 0;
-  if (rows <= kMaxPackedRows && packed() && !weights_need_grad()) {
+  if (rows <= kMaxPackedRows && is_packed && !weights_need_grad()) {
     outputs = torch::linear(x, weight_, bias_).split_with_sizes(sizes_, -1);  // [..., out_i] views
   } else {
     for (auto& l : layers_) outputs.push_back(l->forward(x));
