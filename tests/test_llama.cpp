@@ -154,10 +154,8 @@ TEST(Llama, DecodeWithCacheEqualsFullForward) {
 // a move to another dtype ends the packing without changing the results.
 TEST(Llama, PackedProjectionsGiveTheSameLogits) {
   torch::manual_seed(3);
-  LlamaConfig c;
-  c.vocab_size = 61; c.hidden_size = 32; c.intermediate_size = 40; c.num_hidden_layers = 2;
-  c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8; c.rope_theta = 1e4;
-  c.qkv_bias = c.o_bias = true; c.tie_word_embeddings = true; c.raw = {{"model_type", "llama"}};
+  auto c = test::small_llama(61, 32, 2, 4, 2, 40);
+  c.qkv_bias = c.o_bias = true;
   CausalLM model(c);
   init_weights_normal(*model, 0.2);
   torch::NoGradGuard ng;
@@ -221,9 +219,7 @@ TEST(Llama, FixedCapacityCacheStepsMatchTheGrowingCache) {
   for (const int64_t window : {0, 5}) {
     SCOPED_TRACE("sliding window " + std::to_string(window));
     torch::manual_seed(5);
-    LlamaConfig c;
-    c.vocab_size = 53; c.hidden_size = 32; c.intermediate_size = 40; c.num_hidden_layers = 2;
-    c.num_attention_heads = 4; c.num_key_value_heads = 2; c.head_dim = 8; c.rope_theta = 1e4;
+    auto c = test::small_llama(53, 32, 2, 4, 2, 40);
     c.sliding_window = window;
     CausalLM model(c);
     init_weights_normal(*model, 0.2);
