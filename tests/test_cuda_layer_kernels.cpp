@@ -333,6 +333,23 @@ TEST(CudaOps, ShortConvKernelsMatchFp64) {
         x.to(dev), w.to(dev).view({c.C, c.W}), c.bias ? bias.to(dev) : torch::Tensor(),
         c.prefix ? prefix.to(dev) : torch::Tensor(), c.silu, false);
     EXPECT_TRUE(torch::equal(got[0], direct.y)) << "ops did not run the kernel";
+    {  // x as a slice of wider rows (a packed product's output) is read in place, with the same results
+      auto wide = torch::randn({c.B, c.T, c.C + 9}, f64).to(c.x).to(dev);
+      auto slice = wide.narrow(2, 5, c.C);
+      slice.copy_(x.to(dev));
+      ASSERT_FALSE(slice.is_contiguous());
+      auto wd = w.to(dev).view({c.C, c.W});
+      auto bd = c.bias ? bias.to(dev) : torch::Tensor();
+      auto pd = c.prefix ? prefix.to(dev) : torch::Tensor();
+      auto strided = ops::cuda_kernels::short_conv_forward(slice, wd, bd, pd, c.silu, true);
+      EXPECT_TRUE(torch::equal(strided.y, direct.y)) << "y from a strided x";
+      EXPECT_TRUE(torch::equal(strided.cache.cpu().to(torch::kDouble), cache_want)) << "the cache from a strided x";
+      auto dyd = dy.to(dev);
+      auto from_slice = ops::cuda_kernels::short_conv_backward(slice, wd, bd, pd, dyd, c.silu);
+      auto from_copy = ops::cuda_kernels::short_conv_backward(x.to(dev), wd, bd, pd, dyd, c.silu);
+      EXPECT_TRUE(torch::equal(from_slice.dx, from_copy.dx)) << "dx from a strided x";
+      EXPECT_TRUE(torch::equal(from_slice.dw, from_copy.dw)) << "dw from a strided x";
+    }
 
     auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };
     const double bound = std::max(tol(c.x), tol(c.w));

@@ -40,32 +40,40 @@ struct ConvAt {
   }
 };
 
+// Where x's rows lie: x[b, t, c] at b * batch + t * step + c (a row may be a slice of a wider one, as the
+// packed projections' outputs are).
+struct XRows {
+  int64_t batch, step;
+  __device__ __forceinline__ int64_t at(int64_t b, int t) const { return b * batch + t * step; }
+};
+
 // x̃[b, s, c] in fp32 for s in x̃'s steps (s < W-1: the prefix, or 0 without one).
 template <typename E>
-__device__ __forceinline__ float input_at(const E* x, const E* prefix, int64_t b, int s, int c, int T, int C,
+__device__ __forceinline__ float input_at(const E* x, XRows rows, const E* prefix, int64_t b, int s, int c, int C,
                                           int W) {
-  if (s >= W - 1) return static_cast<float>(x[(b * T + (s - (W - 1))) * C + c]);
+  if (s >= W - 1) return static_cast<float>(x[rows.at(b, s - (W - 1)) + c]);
   return prefix == nullptr ? 0.f : static_cast<float>(prefix[(b * C + c) * (W - 1) + s]);
 }
 
-// x [B, T, C] (E), w [C, W] (Wt), bias [C] (Wt) or null, prefix [B, C, W-1] (E) or null -> y [B, T, C] (E) and,
+// x [B, T, C] (E, rows where `rows` says), w [C, W] (Wt), bias [C] (Wt) or null, prefix [B, C, W-1] (E) or null -> y [B, T, C] (E) and,
 // with cache, x̃'s last W-1 steps [B, C, W-1] (E). cache may be prefix when T = 1 (one thread a channel reads
 // its prefix before it writes the cache over it), so neither is __restrict__.
 template <typename E, typename Wt, int W>
 __global__ void __launch_bounds__(kThreads)
-    short_conv_forward_kernel(const E* __restrict__ x, const Wt* __restrict__ w, const Wt* __restrict__ bias,
-                              const E* prefix, E* __restrict__ y, E* cache, int T, int C, bool silu) {
+    short_conv_forward_kernel(const E* __restrict__ x, XRows rows, const Wt* __restrict__ w,
+                              const Wt* __restrict__ bias, const E* prefix, E* __restrict__ y, E* cache, int T, int C,
+                              bool silu) {
   const ConvAt at(T, C);
   if (at.c >= C) return;
   float wc[W], window[W];  // window[i] = x̃[t + i] at step t
 #pragma unroll
   for (int i = 0; i < W; ++i) {
     wc[i] = static_cast<float>(static_cast<E>(w[at.c * W + i]));
-    window[i] = i + 1 < W ? input_at(x, prefix, at.b, at.t0 + i, at.c, T, C, W) : 0.f;
+    window[i] = i + 1 < W ? input_at(x, rows, prefix, at.b, at.t0 + i, at.c, C, W) : 0.f;
   }
   const float b0 = bias == nullptr ? 0.f : static_cast<float>(static_cast<E>(bias[at.c]));
   for (int t = at.t0; t < at.t1; ++t) {
-    window[W - 1] = static_cast<float>(x[(at.b * T + t) * C + at.c]);
+    window[W - 1] = static_cast<float>(x[rows.at(at.b, t) + at.c]);
     float p = b0;
 #pragma unroll
     for (int i = 0; i < W; ++i) p += wc[i] * window[i];
@@ -80,7 +88,7 @@ __global__ void __launch_bounds__(kThreads)
   // The state after x: x̃'s steps T .. T + W-2 (the last W-1), written by the last segment.
   if (cache != nullptr && at.t1 == T) {
     for (int j = 0; j < W - 1; ++j)
-      cache[(at.b * C + at.c) * (W - 1) + j] = static_cast<E>(input_at(x, prefix, at.b, T + j, at.c, T, C, W));
+      cache[(at.b * C + at.c) * (W - 1) + j] = static_cast<E>(input_at(x, rows, prefix, at.b, T + j, at.c, C, W));
   }
 }
 
@@ -88,8 +96,8 @@ __global__ void __launch_bounds__(kThreads)
 // sums [B * segments, W + 1, C] fp32 of dw (rows 0 .. W-1) and dbias (row W).
 template <typename E, typename Wt, int W>
 __global__ void __launch_bounds__(kThreads)
-    short_conv_backward_kernel(const E* __restrict__ x, const Wt* __restrict__ w, const Wt* __restrict__ bias,
-                               const E* __restrict__ prefix, const E* __restrict__ dy, E* __restrict__ dx,
+    short_conv_backward_kernel(const E* __restrict__ x, XRows rows, const Wt* __restrict__ w,
+                               const Wt* __restrict__ bias, const E* __restrict__ prefix, const E* __restrict__ dy, E* __restrict__ dx,
                                float* __restrict__ partials, int T, int C, bool silu) {
   const ConvAt at(T, C);
   if (at.c >= C) return;
@@ -97,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < W; ++i) {
     wc[i] = static_cast<float>(static_cast<E>(w[at.c * W + i]));
-    window[i] = i + 1 < W ? input_at(x, prefix, at.b, at.t0 + i, at.c, T, C, W) : 0.f;
+    window[i] = i + 1 < W ? input_at(x, rows, prefix, at.b, at.t0 + i, at.c, C, W) : 0.f;
     dz[i] = 0.f, dw[i] = 0.f;
   }
   const float b0 = bias == nullptr ? 0.f : static_cast<float>(static_cast<E>(bias[at.c]));
@@ -107,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int t = at.t0; t < at.t1 + W - 1; ++t) {
     float g = 0.f;
     if (t < T) {
-      window[W - 1] = static_cast<float>(x[(at.b * T + t) * C + at.c]);
+      window[W - 1] = static_cast<float>(x[rows.at(at.b, t) + at.c]);
       float p = b0;
 #pragma unroll
       for (int i = 0; i < W; ++i) p += wc[i] * window[i];
@@ -156,6 +164,7 @@ void dispatch(torch::ScalarType x, torch::ScalarType w, int64_t width, Fn fn) {
 
 struct ConvShape {
   int64_t B, T, C, W;
+  XRows rows;
   dim3 grid() const {
     const auto channel_blocks = (C + kThreads - 1) / kThreads, segments = (T + kSegment - 1) / kSegment;
     return dim3(static_cast<unsigned>(channel_blocks), static_cast<unsigned>(segments), static_cast<unsigned>(B));
@@ -164,7 +173,9 @@ struct ConvShape {
 
 ConvShape check_inputs(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias,
                        const torch::Tensor& prefix) {
-  TORCH_CHECK(x.dim() == 3 && x.is_contiguous(), "short conv: expects x [B, T, C] contiguous; got ", x.sizes());
+  TORCH_CHECK(x.dim() == 3 && (x.stride(2) == 1 || x.size(2) <= 1),
+              "short conv: expects x [B, T, C] with each row's channels contiguous; got ", x.sizes(), " strides ",
+              x.strides());
   TORCH_CHECK(w.dim() == 2 && w.size(0) == x.size(2) && w.is_contiguous() && w.device() == x.device(),
               "short conv: expects the weight [", x.size(2), ", W] contiguous on ", x.device(), "; got ", w.sizes());
   TORCH_CHECK(short_conv_supported(x.scalar_type(), w.scalar_type(), w.size(1)),
@@ -183,7 +194,7 @@ ConvShape check_inputs(const torch::Tensor& x, const torch::Tensor& w, const tor
                 " contiguous; got ", prefix.sizes(), " ", prefix.scalar_type());
   TORCH_CHECK(x.size(0) <= 65535 && x.size(1) < (int64_t{1} << 30) && x.size(2) < (int64_t{1} << 30),
               "short conv: too large ", x.sizes());
-  return ConvShape{x.size(0), x.size(1), x.size(2), W};
+  return ConvShape{x.size(0), x.size(1), x.size(2), W, XRows{x.stride(0), x.stride(1)}};
 }
 
 }  // namespace
@@ -197,7 +208,7 @@ ShortConvForward short_conv_forward(const torch::Tensor& x, const torch::Tensor&
                                     const torch::Tensor& prefix, bool silu, bool want_cache, bool cache_into_prefix) {
   const ConvShape s = check_inputs(x, w, bias, prefix);
   const c10::cuda::CUDAGuard guard(x.device());
-  ShortConvForward out{torch::empty_like(x), torch::Tensor()};
+  ShortConvForward out{torch::empty(x.sizes(), x.options()), torch::Tensor()};
   if (want_cache) out.cache = cache_into_prefix && s.T == 1 && prefix.defined() ? prefix : torch::empty({s.B, s.C, s.W - 1}, x.options());
   if (s.B == 0 || s.C == 0) return out;
   if (s.T == 0) {  // nothing to convolve: the state passes through
@@ -207,7 +218,7 @@ ShortConvForward short_conv_forward(const torch::Tensor& x, const torch::Tensor&
   dispatch(x.scalar_type(), w.scalar_type(), s.W, [&](auto e, auto wt, auto width) {
     using E = decltype(e);
     using Wt = decltype(wt);
-    launch(short_conv_forward_kernel<E, Wt, decltype(width)::value>, s.grid(), kThreads, 0, data_as<E>(x),
+    launch(short_conv_forward_kernel<E, Wt, decltype(width)::value>, s.grid(), kThreads, 0, data_as<E>(x), s.rows,
            data_as<Wt>(w), data_or_null<Wt>(bias), data_or_null<E>(prefix), data_as<E>(out.y),
            want_cache ? data_as<E>(out.cache) : nullptr, static_cast<int>(s.T), static_cast<int>(s.C), silu);
   });
@@ -221,14 +232,14 @@ ShortConvGrads short_conv_backward(const torch::Tensor& x, const torch::Tensor& 
               "short conv backward: expects dy ", x.sizes(), " ", x.scalar_type(), " contiguous; got ", dy.sizes(),
               " ", dy.scalar_type());
   const c10::cuda::CUDAGuard guard(x.device());
-  ShortConvGrads out{torch::empty_like(x), torch::Tensor(), torch::Tensor()};
+  ShortConvGrads out{torch::empty(x.sizes(), x.options()), torch::Tensor(), torch::Tensor()};
   const dim3 grid = s.grid();
   auto partials = torch::zeros({s.B * grid.y, s.W + 1, s.C}, x.options().dtype(torch::kFloat));
   if (s.B > 0 && s.C > 0 && s.T > 0) {
     dispatch(x.scalar_type(), w.scalar_type(), s.W, [&](auto e, auto wt, auto width) {
       using E = decltype(e);
       using Wt = decltype(wt);
-      launch(short_conv_backward_kernel<E, Wt, decltype(width)::value>, grid, kThreads, 0, data_as<E>(x),
+      launch(short_conv_backward_kernel<E, Wt, decltype(width)::value>, grid, kThreads, 0, data_as<E>(x), s.rows,
              data_as<Wt>(w), data_or_null<Wt>(bias), data_or_null<E>(prefix), data_as<E>(dy), data_as<E>(out.dx),
              partials.data_ptr<float>(), static_cast<int>(s.T), static_cast<int>(s.C), silu);
     });

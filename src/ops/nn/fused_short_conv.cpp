@@ -15,7 +15,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// x [B, T, C], w [C, W], bias [C] or a placeholder, prefix [B, C, W-1] or a placeholder, all contiguous ->
+// x [B, T, C] (each row contiguous), w [C, W], bias [C] or a placeholder, prefix [B, C, W-1] or a placeholder,
+// these contiguous ->
 // y [B, T, C], and the cache [B, C, W-1] (not differentiable; empty unless want_cache).
 struct ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
@@ -40,6 +41,12 @@ struct ShortConvFunction : public torch::autograd::Function<ShortConvFunction> {
   }
 };
 
+// x as the kernels take it: each row's channels contiguous, the rows anywhere. A packed product's slice is
+// read in place.
+torch::Tensor rows_contiguous(const torch::Tensor& x) {
+  return x.size(2) <= 1 || x.stride(2) == 1 ? x : x.contiguous();
+}
+
 }  // namespace
 
 std::optional<ShortConvResult> fused_short_conv(const torch::Tensor& x, const torch::Tensor& weight,
@@ -55,12 +62,12 @@ std::optional<ShortConvResult> fused_short_conv(const torch::Tensor& x, const to
   auto placeholder = torch::empty({0}, x.options());
   auto p = prefix.defined() ? prefix.to(x.scalar_type()).contiguous() : placeholder;
   if (in_place && p.is_same(prefix) && !torch::GradMode::is_enabled()) {  // one step, the new cache over the old
-    auto r = cuda_kernels::short_conv_forward(x.contiguous(), weight.view({x.size(2), W}).contiguous(),
+    auto r = cuda_kernels::short_conv_forward(rows_contiguous(x), weight.view({x.size(2), W}).contiguous(),
                                               bias.defined() ? bias.contiguous() : torch::Tensor(), p, silu,
                                               want_cache, /*cache_into_prefix=*/true);
     return ShortConvResult{r.y, r.cache};
   }
-  auto r = ShortConvFunction::apply(x.contiguous(), weight.view({x.size(2), W}).contiguous(),
+  auto r = ShortConvFunction::apply(rows_contiguous(x), weight.view({x.size(2), W}).contiguous(),
                                     bias.defined() ? bias.contiguous() : placeholder, p,
                                     silu, want_cache);
   return ShortConvResult{r[0], want_cache ? r[1] : torch::Tensor()};
