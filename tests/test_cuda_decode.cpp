@@ -31,6 +31,25 @@ using cuda_test::random_inputs;
 using cuda_test::to_device;
 using test::rel_err;
 
+// Copies of `parts` ([B, T, heads, D] each) as views into one wider tensor, side by side along the last
+// dimension as a packed product lays them out (so at B > 1 none is contiguous).
+std::vector<torch::Tensor> as_slices_of_one_product(const std::vector<torch::Tensor>& parts) {
+  const auto B = parts[0].size(0), T = parts[0].size(1);
+  int64_t width = 3;  // a gap, so no slice starts at the row's start
+  for (const auto& p : parts) width += p.size(2) * p.size(3);
+  auto wide = torch::zeros({B, T, width}, parts[0].options());
+  std::vector<torch::Tensor> out;
+  int64_t at = 3;
+  for (const auto& p : parts) {
+    const auto n = p.size(2) * p.size(3);
+    auto slice = wide.narrow(2, at, n).view({B, T, p.size(2), p.size(3)});
+    slice.copy_(p);
+    out.push_back(slice);
+    at += n;
+  }
+  return out;
+}
+
 // One recurrent step (T = 1) with fused kernels on or off.
 std::pair<torch::Tensor, torch::Tensor> recurrent_step(const OpCase& c, const OpInputs& in, double scale, bool fused) {
   ops::set_fused_kernels(fused);
@@ -66,6 +85,14 @@ TEST(CudaOps, FusedDecodeStepMatchesLibtorchStep) {
         in.beta.defined() ? in.beta.select(1, 0) : torch::Tensor(), in.h0, 0.125);
     EXPECT_TRUE(torch::equal(o_direct.unsqueeze(1), o_fused));
     EXPECT_TRUE(torch::equal(s_direct, s_fused));
+    // q, k and v as slices of one packed product are read in place, with the same results.
+    const auto qkv = as_slices_of_one_product({in.q, in.k, in.v});
+    ASSERT_FALSE(qkv[0].select(1, 0).is_contiguous());
+    auto [o_slices, s_slices] = ops::cuda_kernels::recurrent_step(
+        qkv[0].select(1, 0), qkv[1].select(1, 0), qkv[2].select(1, 0), g1,
+        in.beta.defined() ? in.beta.select(1, 0) : torch::Tensor(), in.h0, 0.125);
+    EXPECT_TRUE(torch::equal(o_slices, o_direct)) << "o from slices of a packed product";
+    EXPECT_TRUE(torch::equal(s_slices, s_direct)) << "the state from slices of a packed product";
 #endif
 
     // bf16 q, k, v: the state stays fp32 and the output is within bf16 round-off of the fp32 step.
@@ -108,6 +135,10 @@ TEST(CudaOps, GroupedDecodeStepMatchesSpreadHeads) {
     ops::set_fused_kernels(true);
     auto fused = ops::gla_recurrent(q, k, v, g, h0, 0.125);
     EXPECT_TRUE(torch::equal(plain.o, ref.o) && torch::equal(plain.state, ref.state)) << "the libtorch form";
+    const auto qkv = as_slices_of_one_product({q, k, v});  // the grouped heads read in place
+    const auto sliced = ops::gla_recurrent(qkv[0], qkv[1], qkv[2], g, h0, 0.125);
+    EXPECT_TRUE(torch::equal(sliced.o, fused.o) && torch::equal(sliced.state, fused.state))
+        << "q, k and v as slices of one packed product";
     const double e_o = rel_err(fused.o, ref.o), e_s = rel_err(fused.state, ref.state);
     EXPECT_LE(e_o, 1e-5);
     EXPECT_LE(e_s, 1e-5);

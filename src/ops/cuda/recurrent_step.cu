@@ -19,20 +19,25 @@ namespace {
 
 // gate_mode: 0 none, 1 fixed [H], 2 scalar [B,Hkv], 3 vector [B,Hkv,K]; k, v (and those gates) have
 // Hkv = H / groups heads, query head h reading head h / groups.
+// q, k, v: each batch row's heads contiguous ([H, K] or [Hkv, K], [Hkv, V]), the rows q_row, k_row, v_row
+// elements apart (a packed product's slices at batch > 1).
 template <typename T>
 __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                                      const float* __restrict__ g, int gate_mode, const float* __restrict__ beta,
-                                      const float* S, float* S_new, T* __restrict__ o,
-                                      int H, int groups, int K, int V, float scale) {
+                                      int64_t q_row, int64_t k_row, int64_t v_row, const float* __restrict__ g,
+                                      int gate_mode, const float* __restrict__ beta, const float* S, float* S_new,
+                                      T* __restrict__ o, int H, int groups, int K, int V, float scale) {
   LINEARIZE_DYNAMIC_SHARED(float, shared);
   float* qs = shared;          // [K] scale * q
   float* ks = shared + K;      // [K]
   float* decay = shared + 2 * K;  // [K] exp(g)
-  const int bh = blockIdx.x, h = bh % H;
-  const int kvh = (bh / H) * (H / groups) + h / groups;  // (b, h / groups) in [B, Hkv]
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int kvh = b * (H / groups) + h / groups;  // (b, h / groups) in [B, Hkv]
+  const T* qb = q + b * q_row + static_cast<int64_t>(h) * K;
+  const T* kb = k + b * k_row + static_cast<int64_t>(h / groups) * K;
+  const T* vb = v + b * v_row + static_cast<int64_t>(h / groups) * V;
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
-    qs[i] = static_cast<float>(q[bh * K + i]) * scale;
-    ks[i] = static_cast<float>(k[kvh * K + i]);
+    qs[i] = static_cast<float>(qb[i]) * scale;
+    ks[i] = static_cast<float>(kb[i]);
     float lg = 0.f;
     if (gate_mode == 1) lg = g[h];
     else if (gate_mode == 2) lg = g[kvh];
@@ -43,7 +48,7 @@ __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restri
   const float* Sb = S + static_cast<size_t>(bh) * K * V;
   float* Nb = S_new + static_cast<size_t>(bh) * K * V;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
-    float u = static_cast<float>(v[kvh * V + j]);
+    float u = static_cast<float>(vb[j]);
     if (beta != nullptr) {
       float pred = 0.f;  // (S'^T k)_j
       for (int i = 0; i < K; ++i) pred += decay[i] * Sb[i * V + j] * ks[i];
@@ -59,6 +64,14 @@ __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restri
   }
 }
 
+// t [B, heads, D] as the kernel reads it: each batch row's heads contiguous, the rows anywhere (returned
+// with the distance between rows); otherwise a contiguous copy.
+std::pair<torch::Tensor, int64_t> rows_of(const torch::Tensor& t) {
+  const bool rows = (t.size(2) <= 1 || t.stride(2) == 1) && (t.size(1) <= 1 || t.stride(1) == t.size(2));
+  const auto r = rows ? t : t.contiguous();
+  return {r, r.size(0) <= 1 ? r.size(1) * r.size(2) : r.stride(0)};
+}
+
 }  // namespace
 
 std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, const torch::Tensor& k,
@@ -70,8 +83,9 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
               "recurrent step: expects k and v with H / groups heads; got q ", q.sizes(), ", k ", k.sizes(), ", v ",
               v.sizes(), " and groups ", groups);
   const c10::cuda::CUDAGuard guard(q.device());
-  auto vc = v.contiguous();
-  auto qc = q.to(vc.scalar_type()).contiguous(), kc = k.to(vc.scalar_type()).contiguous();
+  const auto vr = rows_of(v), qr = rows_of(q.to(v.scalar_type())), kr = rows_of(k.to(v.scalar_type()));
+  const auto &vc = vr.first, &qc = qr.first, &kc = kr.first;
+  const int64_t v_row = vr.second, q_row = qr.second, k_row = kr.second;
   auto Sc = S.to(torch::kFloat).contiguous();
   int gate_mode = 0;
   torch::Tensor gc;
@@ -86,8 +100,8 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
   const size_t smem = 3 * K * sizeof(float);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, vc.scalar_type(), "recurrent_step", [&] {
     launch(recurrent_step_kernel<scalar_t>, static_cast<unsigned>(B * H), threads, smem, qc.data_ptr<scalar_t>(),
-           kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), ptr_or_null(gc), gate_mode, ptr_or_null(bc),
-           Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
+           kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), q_row, k_row, v_row, ptr_or_null(gc), gate_mode,
+           ptr_or_null(bc), Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
            static_cast<int>(groups), static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
   });
   return {o, S_new};

@@ -8,7 +8,8 @@ namespace linearize::ops::cuda_kernels {
 
 // One decode step of the GLA family (beta undefined) or B (beta given), one launch for all heads:
 //   S' = Diag(exp(g)) S;  u = v (A) or beta (v - S'^T k) (B);  S_new = S' + k u^T;  o = S_new^T (scale q)
-// q, k [B,H,K], v [B,H,V] (fp32, fp16 or bf16); g undefined, [H], [B,H] or [B,H,K] log decay;
+// q, k [B,H,K], v [B,H,V] (fp32, fp16 or bf16; read in place when each batch row's heads are contiguous, as in
+// a packed product's slices); g undefined, [H], [B,H] or [B,H,K] log decay;
 // beta [B,H]; S [B,H,K,V] fp32. Gates and state are read and written in fp32. With groups > 1, k, v and a
 // [B,H,K] or [B,H] g have Hkv = H / groups heads, query head h reading head h / groups (grouped KV heads,
 // as repeat_heads spreads them). Returns o [B,H,V] in v's dtype and S_new [B,H,K,V] fp32: a new tensor (S left
