@@ -113,6 +113,7 @@ TEST(Cli, OptionsOutOfRangeAreOneClearLine) {
       {"distill --teacher t --mixer gla --data d --stages 1,1" + out, "stages must be given once each and in order"},
       {"distill --teacher t --mixer gla --data d --stages ," + out, "--stages: no stage given"},
       {"sft --model m --data d --epochs -1" + out, "--epochs must be greater than 0"},
+      {"pretrain --tokenizer t --data d --cuda-graph" + out, "--cuda-graph needs --device cuda (got cpu)"},
       {"generate --model m --temperature -0.5", "--temperature must be at least 0"},
       {"generate --model m --top-p 1.5", "--top-p must be between 0 (excluded) and 1"},
       {"generate --model m --max-new-tokens 1e30", "--max-new-tokens expects an integer"},

@@ -3,6 +3,7 @@
 // losses to an uninterrupted run).
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "compat/cpu_threads.h"
 #include "compat/torch_compat.h"
@@ -12,6 +13,8 @@
 #include "io/safetensors.h"
 #include "io/token_shards.h"
 #include "io/tokenizer.h"
+#include "model/causal_lm.h"
+#include "ops/ops.h"
 #include "test_util.h"
 #include "train/checkpoint.h"
 #include "train/data_loader.h"
@@ -326,9 +329,12 @@ TEST(TrainLoop, DeterministicModeHoldsForTheRunOnly) {
 
 // ---- guards ----
 
+namespace {
+
 // NaN or inf gradients skip the step (nothing updated, counted, logged); eight in a row stop the run with
-// one clear line; a checkpoint or a model with non-finite weights is never written.
-TEST(TrainGuards, NonFiniteGradientsSkipThenStop) {
+// one clear line; a checkpoint or a model with non-finite weights is never written. The same with the steps
+// after the first replayed by the graph's stand-in, which decides on the device.
+void expect_nonfinite_steps_skipped(TrainLoopOptions::StepGraph graph) {
   torch::nn::Linear lin(4, 4);
   auto w = lin->weight;
   const auto before = w.detach().clone();
@@ -348,8 +354,9 @@ TEST(TrainGuards, NonFiniteGradientsSkipThenStop) {
   o.steps = 30;
   o.batch = 2;
   o.quiet = true;
-  o.run_dir = tmpdir("nan");
+  o.run_dir = tmpdir(graph == TrainLoopOptions::StepGraph::off ? "nan" : "nan_graph");
   o.checkpoint_every = 1;
+  o.step_graph = graph;
   try {
     run_training(*lin, params, data, step, o);
     FAIL() << "no error";
@@ -373,6 +380,17 @@ TEST(TrainGuards, NonFiniteGradientsSkipThenStop) {
   EXPECT_FALSE(fs::exists(o.run_dir + "/bad"));
 }
 
+}  // namespace
+
+TEST(TrainGuards, NonFiniteGradientsSkipThenStop) {
+  {
+    SCOPED_TRACE("eager steps");
+    expect_nonfinite_steps_skipped(TrainLoopOptions::StepGraph::off);
+  }
+  SCOPED_TRACE("the graph's stand-in");
+  expect_nonfinite_steps_skipped(TrainLoopOptions::StepGraph::eager);
+}
+
 // Sizes of zero and outputs inside an input folder are refused before anything runs.
 TEST(TrainGuards, BadShapesAndOutputsInsideInputs) {
   auto o = tiny_pretrain(tmpdir("zero_heads"));
@@ -394,4 +412,139 @@ TEST(TrainGuards, BadShapesAndOutputsInsideInputs) {
   EXPECT_NO_THROW(refuse_output_inside(teacher + "_other", teacher, "x"));
   EXPECT_THROW(refuse_output_inside(teacher + "/./", teacher, "x"), Error);
   EXPECT_THROW(refuse_output_inside(teacher + "/a/../b", teacher, "x"), Error);
+}
+
+// ---- steps replayed from a graph ----
+
+// ops::adamw_update with its factors in a device tensor gives what the host vectors give, bit for bit, and a
+// non-finite skip_unless_finite leaves parameters and moments as they were: through libtorch's ops and
+// through the kernel under the emulator.
+TEST(Optimizer, AdamwDeviceFactorsAndSkip) {
+  for (const bool emulated : {false, true}) {
+    if (emulated && !ops::kernel_emulation_available()) continue;
+    SCOPED_TRACE(emulated ? "emulated kernel" : "libtorch ops");
+    test::EmulationScope scope(emulated);
+    torch::manual_seed(5);
+    auto make = [](int64_t n) {
+      ops::AdamWUpdate u;
+      for (int64_t i = 0; i < n; ++i) {
+        u.p.push_back(torch::randn({3 + i, 5})), u.g.push_back(torch::randn({3 + i, 5}));
+        u.m.push_back(torch::randn({3 + i, 5}) * 0.1), u.v.push_back(torch::rand({3 + i, 5}));
+        u.decay.push_back(1 - 1e-3 * (i % 2)), u.step_size.push_back(1e-2 / (i + 1));
+        u.bias2_sqrt.push_back(std::sqrt(1 - std::pow(0.95, i + 2)));
+      }
+      u.beta2 = 0.95;
+      return u;
+    };
+    auto clone = [](const ops::AdamWUpdate& u) {
+      ops::AdamWUpdate c = u;
+      for (auto* v : {&c.p, &c.g, &c.m, &c.v})
+        for (auto& t : *v) t = t.clone();
+      return c;
+    };
+    const auto ref = make(4);
+    auto by_host = clone(ref), by_device = clone(ref), skipped = clone(ref);
+    by_host.grad_scale = by_device.grad_scale = torch::full({}, 0.5f);
+    ops::adamw_update(by_host);
+    by_device.factors = torch::empty({4, 3});
+    for (int64_t i = 0; i < 4; ++i) {
+      by_device.factors[i][0] = by_device.decay[i], by_device.factors[i][1] = by_device.step_size[i];
+      by_device.factors[i][2] = by_device.bias2_sqrt[i];
+    }
+    by_device.decay.clear(), by_device.step_size.clear(), by_device.bias2_sqrt.clear();
+    by_device.skip_unless_finite = torch::full({}, 3.0f);  // finite: updates
+    ops::adamw_update(by_device);
+    skipped.skip_unless_finite = torch::full({}, std::numeric_limits<float>::quiet_NaN());
+    ops::adamw_update(skipped);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_TRUE(torch::equal(by_device.p[i], by_host.p[i])) << i;
+      EXPECT_TRUE(torch::equal(by_device.m[i], by_host.m[i]) && torch::equal(by_device.v[i], by_host.v[i])) << i;
+      EXPECT_FALSE(torch::equal(by_host.p[i], ref.p[i])) << i;
+      EXPECT_TRUE(torch::equal(skipped.p[i], ref.p[i]) && torch::equal(skipped.m[i], ref.m[i]) &&
+                  torch::equal(skipped.v[i], ref.v[i]))
+          << "a NaN norm updates nothing " << i;
+    }
+    auto bad = clone(ref);
+    bad.factors = torch::empty({3, 3});
+    bad.decay.clear(), bad.step_size.clear(), bad.bias2_sqrt.clear();
+    EXPECT_THROW(ops::adamw_update(bad), Error) << "factors for 3 tensors of 4";
+  }
+}
+
+namespace {
+
+// A tiny Llama pretrained for `steps` steps (2 micro-batches a step, clipped) with the given step graph; its
+// weights and the per-step loss and gradient norm from metrics.jsonl.
+struct GraphRun {
+  std::vector<torch::Tensor> weights;
+  std::vector<double> losses, norms;
+  TrainResult result;
+};
+
+GraphRun train_tiny_llama(TrainLoopOptions::StepGraph graph, const torch::Device& device, const std::string& dir) {
+  torch::manual_seed(11);
+  CausalLM model(test::small_llama(32, 16, 2, 2, 1, 24));
+  init_weights_normal(*model, 0.2);
+  model->to(device);
+  model->train();
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
+  std::vector<int32_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * i + 3 * i) % 31);
+  WindowLoader data(tokens, {0, 4000}, 12, 0);
+  auto step = [&](const torch::Tensor& rows) {
+    auto x = rows.narrow(1, 0, 12).to(device), y = rows.narrow(1, 1, 12).to(device);
+    return ops::cross_entropy_terms(model->forward(x).reshape({-1, 32}), y.reshape({-1})).mean();
+  };
+  TrainLoopOptions o;
+  o.steps = 6;
+  o.batch = 4;
+  o.grad_accum = 2;
+  o.clip = 0.5;  // below the norms, so clipping acts
+  o.schedule.lr = 1e-2;
+  o.device = device;
+  o.quiet = true;
+  o.run_dir = dir;
+  o.step_graph = graph;
+  GraphRun r;
+  r.result = run_training(*model, params, data, step, o);
+  for (auto& p : model->parameters()) r.weights.push_back(p.detach().cpu().clone());
+  for (const auto& j : read_jsonl(dir + "/metrics.jsonl")) {
+    r.losses.push_back(j["loss"].get<double>());
+    r.norms.push_back(j["grad_norm"].get<double>());
+  }
+  return r;
+}
+
+}  // namespace
+
+// The graph's stand-in (the step a CUDA graph captures, run without one) against the eager loop: the same
+// weights, losses and gradient norms to the bit, every step after the first replayed.
+TEST(TrainLoop, GraphedStepsMatchEagerSteps) {
+  const auto eager = train_tiny_llama(TrainLoopOptions::StepGraph::off, torch::kCPU, tmpdir("graph_off"));
+  const auto graphed = train_tiny_llama(TrainLoopOptions::StepGraph::eager, torch::kCPU, tmpdir("graph_eager"));
+  EXPECT_EQ(eager.result.graphed_steps, 0);
+  EXPECT_EQ(graphed.result.graphed_steps, 5);
+  ASSERT_EQ(graphed.losses.size(), 6u);
+  EXPECT_EQ(graphed.losses, eager.losses);
+  EXPECT_EQ(graphed.norms, eager.norms);
+  EXPECT_GT(eager.norms.back(), 0.5) << "clipping should act";
+  ASSERT_EQ(graphed.weights.size(), eager.weights.size());
+  for (size_t i = 0; i < eager.weights.size(); ++i) EXPECT_TRUE(torch::equal(graphed.weights[i], eager.weights[i])) << i;
+}
+
+// On a GPU the steps replay from a captured CUDA graph: within round-off of the eager loop (bf16 autocast
+// in both; the same kernels, so usually the same bits).
+TEST(CudaTrain, GraphedStepsMatchEagerSteps) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "skipped: CUDA not available";
+  const auto eager = train_tiny_llama(TrainLoopOptions::StepGraph::off, torch::kCUDA, tmpdir("cuda_graph_off"));
+  const auto graphed = train_tiny_llama(TrainLoopOptions::StepGraph::cuda_graph, torch::kCUDA, tmpdir("cuda_graph_on"));
+  EXPECT_EQ(graphed.result.graphed_steps, 5);
+  ASSERT_EQ(graphed.losses.size(), eager.losses.size());
+  for (size_t i = 0; i < eager.losses.size(); ++i) {
+    EXPECT_NEAR(graphed.losses[i], eager.losses[i], 1e-4 * std::abs(eager.losses[i])) << "step " << i;
+    EXPECT_NEAR(graphed.norms[i], eager.norms[i], 1e-3 * eager.norms[i]) << "step " << i;
+  }
+  for (size_t i = 0; i < eager.weights.size(); ++i)
+    EXPECT_LT(test::rel_err(graphed.weights[i], eager.weights[i]), 1e-3) << i;
 }

@@ -9,7 +9,9 @@
 //           bf16 autocast + clipped AdamW step on fp32 weights, as the trainer does) against training the
 //           teacher itself at the same batch; tokens/s, model FLOPs utilisation (6 N per token for the
 //           trained model + 2 N for the teacher's forward, against the H200's 989 TFLOP/s dense bf16),
-//           peak memory. SmolLM2-135M and -1.7B shapes, sequence 512, random weights.
+//           peak memory. SmolLM2-135M and -1.7B shapes, sequence 512, random weights. With --cuda-graph each
+//           configuration also runs as the trainer's --cuda-graph runs it: the whole step replayed from
+//           one captured CUDA graph (train/graphed_train_step.h).
 //   decode  one greedy decode step of the whole model (bf16) at batch 1 and 64 after contexts of 1k..32k:
 //           the teacher's KV cache holds `context` entries; a student's fixed-size state is built by a
 //           64-token prefill (its size and its step cost do not depend on the context; the table shows
@@ -20,7 +22,7 @@
 //   linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]
 //                       [--head-dim D] [--only linear_attention,retnet+,...]  (ops: name+ adds its libtorch-chunks row)
 //                       [--lengths 1024,16384]  (ops: the sequence lengths)  [--batch B]  (train: sequences a step)
-//                       [--unpacked]  (decode: also the models unpacked)
+//                       [--unpacked]  (decode: also the models unpacked)  [--cuda-graph]  (train: also graphed)
 //
 // --quick runs the smallest sizes only (a check that everything runs). On CPU the sizes are cut down.
 #include <torch/torch.h>
@@ -46,6 +48,7 @@
 #include "model/mixers/mixer_config.h"
 #include "model/student.h"
 #include "ops/ops.h"
+#include "train/graphed_train_step.h"
 #include "train/optimizer_schedule.h"
 
 #ifdef LINEARIZE_WITH_CUDA
@@ -71,6 +74,7 @@ struct Settings {
   std::vector<int64_t> lengths;    // ops: the sequence lengths (empty: the defaults)
   int64_t batch = 0;               // train: sequences a step (0: 16 at 135M, 8 at 1.7B; 2 on a CPU)
   bool unpacked = false;           // decode: also each model with its projections run one by one
+  bool cuda_graph = false;         // train: also each step replayed from a captured CUDA graph
 };
 
 void sync(const torch::Device& d) {
@@ -324,7 +328,6 @@ void bench_train(const Settings& s) {
     init_weights_normal(*teacher, 0.02);
     teacher->to(s.device);  // fp32 master weights when it trains itself (the baseline)
     auto batch = torch::randint(0, c.vocab_size, {B, T + 1}, torch::TensorOptions().dtype(torch::kLong)).to(s.device);
-    auto x = batch.narrow(1, 0, T), y = batch.narrow(1, 1, T);
     const double tokens = static_cast<double>(B * T);
 
     struct Row {
@@ -334,7 +337,9 @@ void bench_train(const Settings& s) {
     };
     std::vector<Row> rows;
     // One training configuration; when it runs out of memory, again with activation recomputation.
-    auto run = [&](const std::string& name, CausalLM& trained, const std::function<torch::Tensor()>& loss_fn) {
+    // loss_fn(rows [B, T + 1]) -> the step's loss, as the trainer's step function takes its rows.
+    using LossFn = std::function<torch::Tensor(const torch::Tensor&)>;
+    auto run = [&](const std::string& name, CausalLM& trained, const LossFn& loss_fn) {
       for (bool recompute : {false, true}) {
         trained->recompute = recompute;
         std::vector<std::pair<std::string, torch::Tensor>> params;
@@ -346,24 +351,41 @@ void bench_train(const Settings& s) {
           torch::Tensor loss;
           {
             compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, gpu);
-            loss = loss_fn().to(torch::kFloat);
+            loss = loss_fn(batch).to(torch::kFloat);
           }
           loss.backward();
           adamw_step(*opt, 1.0);  // clipped as the trainer clips
         });
+        if (std::isnan(sec) && !recompute) {
+          trained->recompute = false;
+          for (auto& p : params) p.second.mutable_grad() = torch::Tensor();
+          continue;
+        }
+        const std::string row = name + (recompute ? " (recompute)" : "");
+        rows.push_back({row, sec, peak_gib(s.device), count_params(*trained)});
+        std::cerr << "  " << row << ": " << fmt(tokens / sec, "%.0f") << " tok/s, peak "
+                  << fmt(rows.back().gib, "%.1f") << " GiB\n";
+        // The same step replayed from one graph (after the eager steps above made the gradients and moments).
+        if (s.cuda_graph && gpu && !std::isnan(sec)) {
+          try {
+            GraphedTrainStep graphed(loss_fn, *opt, batch.sizes().vec(), 1, 1.0, true);
+            const double gsec = time_it(s.device, warmup, reps, [&] { graphed.step(batch, 1e-4); });
+            rows.push_back({row + ", CUDA graph", gsec, peak_gib(s.device), count_params(*trained)});
+            std::cerr << "  " << rows.back().name << ": " << fmt(tokens / gsec, "%.0f") << " tok/s\n";
+          } catch (const std::exception& e) {
+            std::cerr << "  " << row << ", CUDA graph: failed: " << e.what() << "\n";
+          }
+        }
         trained->recompute = false;
         for (auto& p : params) p.second.mutable_grad() = torch::Tensor();
-        if (std::isnan(sec) && !recompute) continue;
-        rows.push_back({name + (recompute ? " (recompute)" : ""), sec, peak_gib(s.device), count_params(*trained)});
-        std::cerr << "  " << rows.back().name << ": " << fmt(tokens / sec, "%.0f") << " tok/s, peak "
-                  << fmt(rows.back().gib, "%.1f") << " GiB\n";
         return;
       }
     };
 
     std::cerr << "[train] " << shape_name << " shape, batch " << B << " x " << T << "\n";
     teacher->train();
-    run("teacher (softmax attention), CE", teacher, [&] {
+    run("teacher (softmax attention), CE", teacher, [&](const torch::Tensor& rows) {
+      auto x = rows.narrow(1, 0, T), y = rows.narrow(1, 1, T);
       auto logits = teacher->forward(x);
       return ops::cross_entropy_terms(logits.reshape({-1, c.vocab_size}), y.reshape({-1})).mean();
     });
@@ -377,7 +399,8 @@ void bench_train(const Settings& s) {
       auto student = build_student(teacher, StudentSpec::make(parse_mixer_kind(mixer), "default", {}, c));
       student->to(torch::kFloat);
       student->train();
-      run(mixer + ", stage 3", student, [&] {
+      run(mixer + ", stage 3", student, [&](const torch::Tensor& rows) {
+        auto x = rows.narrow(1, 0, T), y = rows.narrow(1, 1, T);
         torch::Tensor t_logits;
         {
           torch::NoGradGuard no_grad;
@@ -392,7 +415,8 @@ void bench_train(const Settings& s) {
               << "| what | params | tokens/s | ratio to teacher training | MFU | peak memory |\n|---|---|---|---|---|---|\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const auto& r = rows[i];
-      const double flops = (6.0 * static_cast<double>(r.params) + (i == 0 ? 0.0 : 2.0 * n_teacher)) * tokens / r.sec;
+      const bool distills = r.name.rfind("teacher", 0) != 0;  // a student's step runs the teacher's forward too
+      const double flops = (6.0 * static_cast<double>(r.params) + (distills ? 2.0 * n_teacher : 0.0)) * tokens / r.sec;
       std::cout << "| " << r.name << " | " << fmt(static_cast<double>(r.params) / 1e6, "%.0fM") << " | "
                 << fmt(tokens / r.sec, "%.0f") << " | " << fmt(rows[0].sec / r.sec) << " | "
                 << (gpu ? fmt(100 * flops / kPeakBf16Flops, "%.1f%%") : "-") << " | "
@@ -540,7 +564,8 @@ int usage() {
                "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops, name+ adds its libtorch-chunks row; train, decode: which mixers)\n"
                "                           [--lengths T,T,...]   (ops: the sequence lengths; default 1k..16k, --quick the first)\n"
                "                           [--batch B]   (train: sequences of 512 a step; default 16 at 135M, 8 at 1.7B)\n"
-               "                           [--unpacked]  (decode: also each model with its input projections run one by one)\n";
+               "                           [--unpacked]  (decode: also each model with its input projections run one by one)\n"
+               "                           [--cuda-graph]  (train: also each step replayed from one CUDA graph)\n";
   return 2;
 }
 
@@ -570,6 +595,8 @@ int main(int argc, char** argv) {
       for (std::string item; std::getline(ss, item, ',');) s.only.push_back(item);
     } else if (a == "--unpacked") {
       s.unpacked = true;
+    } else if (a == "--cuda-graph") {
+      s.cuda_graph = true;
     } else if (a == "--head-dim" && i + 1 < argc) {
       s.head_dim = std::stoll(argv[++i]);
     } else if (a == "--batch" && i + 1 < argc) {

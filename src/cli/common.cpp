@@ -40,6 +40,7 @@ std::vector<OptionSpec> training_options(const TrainLoopOptions& d, int64_t seq_
       {"quiet", "", "no progress lines"},
       {"recompute", "", "recompute each layer's activations in backward: much less memory, one more forward pass per layer"},
       {"deterministic", "", "deterministic GPU algorithms only: the same run on the same kind of GPU gives the same weights; slower, and an op without one stops the run"},
+      {"cuda-graph", "", "replay each optimizer step after the first as one CUDA graph: faster where launching kernels bounds the step (small models); CUDA only, not under data parallel"},
       {"config", "FILE", "JSON file with any of these options ({\"seq-len\": 512, ...})"},
       device_option(),
   };
@@ -69,6 +70,10 @@ TrainLoopOptions loop_options(const Args& args) {
   if (args.has("stop-after")) o.stop_after = args.integer("stop-after");
   o.quiet = args.flag("quiet") || !is_main_process();  // under `launch`, rank 0 reports
   o.device = device_for_rank(parse_device(args.str("device")));
+  if (args.flag("cuda-graph")) {
+    if (!o.device.is_cuda()) throw Error("--cuda-graph needs --device cuda (got " + o.device.str() + ")");
+    o.step_graph = TrainLoopOptions::StepGraph::cuda_graph;
+  }
   if (o.batch < 1) throw Error("--batch must be at least 1");
   return o;
 }

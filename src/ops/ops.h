@@ -141,10 +141,14 @@ torch::Tensor cross_entropy_terms(const torch::Tensor& logits, const torch::Tens
 // (ops/cuda/adamw.cu); elsewhere libtorch's element-wise ops, tensor by tensor, as its optimizer runs them.
 // grad_scale, where given (a 0-dim fp32 tensor on the parameters' device, e.g. gradient clipping's factor),
 // multiplies every g before the update, as g.mul_(grad_scale) would, without writing g back.
+// factors, where given ([count, 3] fp32 on the parameters' device: decay, step_size, bias2_sqrt of each
+// tensor), replace the three vectors (then empty) and are read on the device, so that a captured CUDA graph
+// replays the update with each step's factors. skip_unless_finite, where given (one fp32 number on the
+// device, e.g. the gradients' norm): when it is not finite, nothing is updated.
 struct AdamWUpdate {
   std::vector<torch::Tensor> p, g, m, v;
   std::vector<double> decay, step_size, bias2_sqrt;
-  torch::Tensor grad_scale;
+  torch::Tensor grad_scale, factors, skip_unless_finite;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
 };
 void adamw_update(const AdamWUpdate& update);

@@ -70,12 +70,9 @@ void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
   for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
 }
 
-namespace {
-
-// The total L2 norm of the gradients as clip_grad_norm_ computes it (a norm a tensor, then the norm of those).
 // On a GPU libtorch's _foreach_norm takes many tensors a launch where clip_grad_norm_ takes one each; on the CPU
 // the same per-tensor norms as clip_grad_norm_, to the bit.
-torch::Tensor total_norm(const std::vector<torch::Tensor>& grads) {
+torch::Tensor gradients_norm(const std::vector<torch::Tensor>& grads) {
   std::vector<torch::Tensor> norms;
   if (grads.front().is_cuda()) {
     norms = at::_foreach_norm(grads);
@@ -85,6 +82,8 @@ torch::Tensor total_norm(const std::vector<torch::Tensor>& grads) {
   return norms.size() == 1 ? norms[0] : torch::stack(norms).norm(2);
 }
 
+namespace {
+
 double libtorch_step(torch::optim::AdamW& opt, double max_grad_norm) {
   std::vector<torch::Tensor> params, grads;
   for (const auto& group : opt.param_groups())
@@ -93,7 +92,7 @@ double libtorch_step(torch::optim::AdamW& opt, double max_grad_norm) {
       if (p.grad().defined()) grads.push_back(p.grad());
     }
   if (grads.empty()) return 0;
-  const double norm = total_norm(grads).item<double>();
+  const double norm = gradients_norm(grads).item<double>();
   if (!std::isfinite(norm)) return norm;  // skipped: no update
   if (max_grad_norm > 0) torch::nn::utils::clip_grad_norm_(params, max_grad_norm);
   opt.step();
@@ -124,7 +123,7 @@ double adamw_step(torch::optim::AdamW& opt, double max_grad_norm) {
   torch::Tensor norm;
   {
     torch::NoGradGuard no_grad;
-    norm = total_norm(grads);
+    norm = gradients_norm(grads);
   }
   const double norm_value = norm.item<double>();
   if (!std::isfinite(norm_value)) return norm_value;

@@ -55,4 +55,8 @@ void set_learning_rate(torch::optim::Optimizer& opt, double lr);
 // clip_grad_norm_ and opt.step() for what the update does not take (amsgrad).
 double adamw_step(torch::optim::AdamW& opt, double max_grad_norm = 0);
 
+// The gradients' total L2 norm as clip_grad_norm_ computes it (a norm a tensor, then the norm of those), fp32 on
+// their device, without reading it on the host.
+torch::Tensor gradients_norm(const std::vector<torch::Tensor>& grads);
+
 }  // namespace linearize

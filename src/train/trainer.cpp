@@ -15,6 +15,7 @@
 #include "io/error.h"
 #include "train/checkpoint.h"
 #include "train/data_parallel.h"
+#include "train/graphed_train_step.h"
 
 namespace linearize {
 
@@ -171,6 +172,27 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
     if (group) group->barrier();  // no rank runs ahead of a checkpoint being written
   };
 
+  // Steps replayed from a graph once the first has run eagerly (it makes the gradients and moments).
+  std::unique_ptr<GraphedTrainStep> graphed;
+  bool graph_given_up = o.step_graph == TrainLoopOptions::StepGraph::off || sync != nullptr;
+  auto try_graph = [&](const torch::Tensor& rows) {
+    graph_given_up = true;  // one try a run
+    const auto replay = o.step_graph == TrainLoopOptions::StepGraph::cuda_graph ? GraphedTrainStep::Replay::cuda_graph
+                                                                                : GraphedTrainStep::Replay::eager;
+    std::string why;
+    try {
+      if (GraphedTrainStep::usable(*optimizer, replay, &why))
+        graphed = std::make_unique<GraphedTrainStep>(step_fn, *optimizer, rows.sizes().vec(), o.grad_accum, o.clip,
+                                                     o.device.is_cuda(), replay);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+    if (!quiet)
+      std::cerr << "[" << o.name << "] "
+                << (graphed ? "steps replay as one CUDA graph" : "steps run eagerly, not as a CUDA graph: " + why)
+                << "\n";
+  };
+
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t tokens_per_step = o.batch * loader.tokens_per_row();
   constexpr int kMaxNonfiniteSteps = 8;
@@ -178,30 +200,42 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
   for (int64_t s = start; s < o.steps; ++s) {
     const double lr = schedule.at(s);
     set_learning_rate(*optimizer, lr);
-    optimizer->zero_grad();
     // The global batch is drawn on every rank (the order depends only on the seed); each keeps its rows.
     auto rows = loader.next_part(o.batch, rank * per_rank, per_rank);
-    // Summed where the loss lives and read once a step: a read per micro-batch would wait for each one's backward.
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(o.device));
-    for (int64_t a = 0; a < o.grad_accum; ++a) {
-      auto batch = rows.narrow(0, a * micro, micro).to(o.device);
-      torch::Tensor loss;
-      {
-        // bf16 autocast on CUDA (fp32 master weights stay in the optimizer); plain fp32 on CPU.
-        compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, o.device.is_cuda());
-        loss = step_fn(batch).to(torch::kFloat);
+    if (!graphed && !graph_given_up && s > start) try_graph(rows);
+    double loss = 0, grad_norm = 0;
+    if (graphed) {
+      // The whole step in one replay. A non-finite loss comes with non-finite gradients, which the update skips.
+      const auto r = graphed->step(rows, lr);
+      loss = r.loss, grad_norm = r.grad_norm;
+      ++result.graphed_steps;
+      if (!std::isfinite(loss))
+        throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
+                    " (lower the learning rate?)");
+    } else {
+      optimizer->zero_grad();
+      // Summed where the loss lives and read once a step: a read per micro-batch would wait for each one's backward.
+      torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(o.device));
+      for (int64_t a = 0; a < o.grad_accum; ++a) {
+        auto batch = rows.narrow(0, a * micro, micro).to(o.device);
+        torch::Tensor micro_loss;
+        {
+          // bf16 autocast on CUDA (fp32 master weights stay in the optimizer); plain fp32 on CPU.
+          compat::AutocastGuard autocast(torch::kCUDA, torch::kBFloat16, o.device.is_cuda());
+          micro_loss = step_fn(batch).to(torch::kFloat);
+        }
+        if (sync) sync->arm(a + 1 == o.grad_accum);
+        (micro_loss / static_cast<double>(o.grad_accum)).backward();
+        loss_sum += micro_loss.detach().to(torch::kDouble);
       }
-      if (sync) sync->arm(a + 1 == o.grad_accum);
-      (loss / static_cast<double>(o.grad_accum)).backward();
-      loss_sum += loss.detach().to(torch::kDouble);
+      if (sync) sync->finish();  // .grad = mean over ranks of each rank's mean over its micro-batches
+      loss = loss_sum.item<double>() / static_cast<double>(o.grad_accum);
+      if (group) loss = group->mean(loss);
+      if (!std::isfinite(loss))
+        throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
+                    " (lower the learning rate?)");
+      grad_norm = adamw_step(*optimizer, o.clip);  // clipped within (0: no clipping)
     }
-    if (sync) sync->finish();  // .grad = mean over ranks of each rank's mean over its micro-batches
-    double loss = loss_sum.item<double>() / static_cast<double>(o.grad_accum);
-    if (group) loss = group->mean(loss);
-    if (!std::isfinite(loss))
-      throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
-                  " (lower the learning rate?)");
-    const double grad_norm = adamw_step(*optimizer, o.clip);  // clipped within (0: no clipping)
     if (!std::isfinite(grad_norm)) {
       // NaN or inf gradients: adamw_step updated nothing. A few in a row stop the run before the model is harmed.
       ++result.skipped_steps;

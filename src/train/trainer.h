@@ -51,6 +51,12 @@ struct TrainLoopOptions {
   // PyTorch's deterministic algorithms while the loop runs (and cuBLAS's fixed workspace): a rerun on the same
   // kind of GPU gives the same weights, bit for bit, where every op has a deterministic form.
   bool deterministic = false;
+  // Each optimizer step after a run's first captured as one CUDA graph and replayed (train/graphed_train_step.h):
+  // much faster where the host bounds the step (small models). The same results as the eager loop, to
+  // the GPU's round-off. Not under data parallel; where a step cannot be captured, the loop says why once
+  // and runs eagerly. eager: the graph's stand-in without a graph (tests).
+  enum class StepGraph { off, cuda_graph, eager };
+  StepGraph step_graph = StepGraph::off;
 };
 
 // The loop's defaults with another learning-rate schedule: the defaults of a command that trains with its
@@ -67,6 +73,7 @@ struct TrainResult {
   int64_t steps_done = 0;
   bool finished = false;  // false when stopped by stop_after or the deadline
   int64_t skipped_steps = 0;  // steps whose gradients were not finite (nothing updated)
+  int64_t graphed_steps = 0;  // steps replayed from a captured graph (TrainLoopOptions::step_graph)
 };
 
 // The folder of the snapshot kept after `step` (TrainLoopOptions::snapshot_steps).

@@ -16,8 +16,11 @@ bool fused_adamw_update(const AdamWUpdate& u) {
           !cuda_kernels::adamw_supported(u.m[i], u.g[i]) || !cuda_kernels::adamw_supported(u.v[i], u.g[i]) ||
           u.p[i].device() != u.p[0].device())
         return false;
-    return !u.grad_scale.defined() ||
-           (u.grad_scale.scalar_type() == torch::kFloat && u.grad_scale.device() == u.p[0].device());
+    for (const auto* one : {&u.grad_scale, &u.skip_unless_finite, &u.factors})
+      if (one->defined() && (one->scalar_type() != torch::kFloat || one->device() != u.p[0].device() ||
+                             !one->is_contiguous()))
+        return false;
+    return true;
   }();
   if (!applies) return false;
   cuda_kernels::adamw_update(u);
