@@ -12,6 +12,7 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #endif
 
 namespace linearize {
@@ -131,20 +132,35 @@ void GraphedTrainStep::Impl::capture() {
   auto side = c10::cuda::getStreamFromPool(false, device.index());
   const auto main_stream = c10::cuda::getCurrentCUDAStream(device.index());
   wait_for(side, main_stream);
+  bool failed = false;
+  std::string failure;
   {
     const c10::cuda::CUDAStreamGuard stream_guard(side);
-    run(/*with_update=*/false);
     try {
+      run(/*with_update=*/false);
       graph = std::make_unique<at::cuda::CUDAGraph>();
       graph->capture_begin();
       run(/*with_update=*/true);
       graph->capture_end();
     } catch (const c10::Error& e) {
+      failed = true, failure = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      failed = true, failure = e.what();
+    }
+    if (failed) {
+      // An op the graph cannot hold (one that reads the device on the host, say): end the capture the error
+      // left open, so that the loop can go on eagerly.
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(side.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+        cudaGraph_t abandoned = nullptr;
+        if (cudaStreamEndCapture(side.stream(), &abandoned) == cudaSuccess && abandoned) cudaGraphDestroy(abandoned);
+      }
+      (void)cudaGetLastError();
       graph.reset();
-      throw Error(std::string("CUDA graph training step: capture failed: ") + e.what_without_backtrace());
     }
   }
-  wait_for(main_stream, side);
+  wait_for(main_stream, side);  // the eager steps that follow, or the replays, come after the side's work
+  if (failed) throw Error("CUDA graph training step: capture failed: " + failure);
 }
 
 #else
