@@ -121,6 +121,25 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
         x.to(dev).view({-1, c.D}), c.rms ? w.to(dev) : torch::Tensor(), c.rms ? 1.0 / static_cast<double>(c.D) : 1.0,
         eps, gated ? gate.to(dev).view({-1, c.D}) : torch::Tensor(), c.gate);
     EXPECT_TRUE(torch::equal(y.view({-1, c.D}), direct.y)) << "ops did not run the kernel";
+    {  // x and the gate as heads of wider rows ([2, 1, rows, D] slices, as a packed product's) are read in place
+      const int64_t n = c.rows * c.D;
+      auto widen = [&](const torch::Tensor& t) {
+        auto wide = torch::zeros({2, 1, n + 7}, t.options()).to(dev);
+        wide.narrow(2, 3, n).copy_(t.to(dev).view({2, 1, n}));
+        return wide.requires_grad_(true);
+      };
+      auto heads = [&](const torch::Tensor& wide) { return wide.narrow(2, 3, n).view({2, 1, c.rows, c.D}); };
+      auto wx = widen(x), wg = widen(gate);
+      ASSERT_FALSE(heads(wx).is_contiguous());
+      auto ys = c.rms ? ops::rms_norm(heads(wx), w.to(dev), eps, heads(wg), c.gate) : ops::l2_norm(heads(wx), eps);
+      EXPECT_TRUE(torch::equal(ys.reshape({-1, c.D}), direct.y)) << "y from strided rows";
+      ys.backward(dy.to(dev).view(ys.sizes()));
+      EXPECT_TRUE(torch::equal(wx.grad().narrow(2, 3, n).reshape({-1, c.D}), dx.reshape({-1, c.D})))
+          << "dx from strided rows";
+      if (gated)
+        EXPECT_TRUE(torch::equal(wg.grad().narrow(2, 3, n).reshape({-1, c.D}), dgate.reshape({-1, c.D})))
+            << "dgate from strided rows";
+    }
 
     // Bounds by the least precise dtype taking part: y and dw carry the rounding of n to x's dtype.
     auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };

@@ -51,6 +51,14 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Where row r of an input lies: groups of `per` rows D apart, the groups `group` elements apart (a contiguous
+// [rows, D] is one row a group, D apart; a packed product's heads [B, H, D] are H rows a group).
+struct Rows {
+  int64_t per, group;
+  int D;
+  __device__ __forceinline__ int64_t at(int64_t r) const { return (r / per) * group + (r % per) * D; }
+};
+
 // y's dtype: fp32 if x or w is, else x's (libtorch's type promotion for w * n).
 template <typename E, typename W>
 using OutOf = std::conditional_t<std::is_same_v<E, float> || std::is_same_v<W, float>, float, E>;
@@ -58,14 +66,14 @@ using OutOf = std::conditional_t<std::is_same_v<E, float> || std::is_same_v<W, f
 // x [rows, D] (E), w [D] (W) or null, gate [rows, D] (E) or null -> y [rows, D] (z with a gate), r [rows] fp32.
 template <typename E, typename W>
 __global__ void __launch_bounds__(kThreads)
-    row_norm_forward_kernel(const E* __restrict__ x, const W* __restrict__ w, const E* __restrict__ gate,
-                            Gate act, OutOf<E, W>* __restrict__ y, float* __restrict__ r, int64_t rows, int D,
-                            float mean_scale, float eps) {
+    row_norm_forward_kernel(const E* __restrict__ x, Rows x_rows, const W* __restrict__ w,
+                            const E* __restrict__ gate, Rows gate_rows, Gate act, OutOf<E, W>* __restrict__ y,
+                            float* __restrict__ r, int64_t rows, int D, float mean_scale, float eps) {
   using Out = OutOf<E, W>;
   const int lane = threadIdx.x % 32;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const E* xr = x + row * D;
+    const E* xr = x + x_rows.at(row);
     float ss = 0.f;
     for (int c = lane; c < D; c += 32) {
       const float v = static_cast<float>(xr[c]);
@@ -74,7 +82,7 @@ __global__ void __launch_bounds__(kThreads)
     const float s = rsqrtf(warp_sum(ss) * mean_scale + eps);
     if (lane == 0) r[row] = s;
     Out* yr = y + row * D;
-    const E* gr = gate == nullptr ? nullptr : gate + row * D;
+    const E* gr = gate == nullptr ? nullptr : gate + gate_rows.at(row);
     for (int c = lane; c < D; c += 32) {
       const float n = static_cast<float>(static_cast<E>(static_cast<float>(xr[c]) * s));
       const Out yc = static_cast<Out>(w == nullptr ? n : static_cast<float>(w[c]) * n);
@@ -89,8 +97,9 @@ __global__ void __launch_bounds__(kThreads)
 // fp32 with partials, else none.
 template <typename E, typename W>
 __global__ void __launch_bounds__(kThreads)
-    row_norm_backward_kernel(const E* __restrict__ x, const W* __restrict__ w, const E* __restrict__ gate,
-                             Gate act, const float* __restrict__ r, const OutOf<E, W>* __restrict__ dy,
+    row_norm_backward_kernel(const E* __restrict__ x, Rows x_rows, const W* __restrict__ w,
+                             const E* __restrict__ gate, Rows gate_rows, Gate act, const float* __restrict__ r,
+                             const OutOf<E, W>* __restrict__ dy,
                              E* __restrict__ dx, E* __restrict__ dgate, float* __restrict__ partials, int64_t rows,
                              int D, float mean_scale) {
   using Out = OutOf<E, W>;
@@ -101,9 +110,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = lane; c < D; c += 32) own[c] = 0.f;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + warp; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const E* xr = x + row * D;
+    const E* xr = x + x_rows.at(row);
     const Out* dyr = dy + row * D;
-    const E* gr = gate == nullptr ? nullptr : gate + row * D;
+    const E* gr = gate == nullptr ? nullptr : gate + gate_rows.at(row);
     // The norm's output gradient at column c: dy, or through the gate round(dz a).
     auto dy_at = [&](int c) {
       if (gr == nullptr) return static_cast<float>(dyr[c]);
@@ -154,21 +163,40 @@ unsigned blocks_for(int64_t rows, int64_t cap) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((rows + kWarps - 1) / kWarps, cap)));
 }
 
+// t's rows as the kernels read them: [rows, D] contiguous, or [G, H, D] with each group's rows contiguous.
+Rows rows_of(const torch::Tensor& t, const char* what) {
+  const int64_t D = t.size(-1);
+  if (t.dim() == 2) {
+    TORCH_CHECK(t.is_contiguous(), "row norm: expects ", what, " [rows, D] contiguous; got strides ", t.strides());
+    return Rows{1, D, static_cast<int>(D)};
+  }
+  TORCH_CHECK(t.dim() == 3 && (D <= 1 || t.stride(2) == 1) && (t.size(1) <= 1 || t.stride(1) == D),
+              "row norm: expects ", what, " [rows, D] contiguous or [G, H, D] with each group's rows contiguous; got ",
+              t.sizes(), " strides ", t.strides());
+  return Rows{std::max<int64_t>(1, t.size(1)), t.size(0) <= 1 ? t.size(1) * D : t.stride(0), static_cast<int>(D)};
+}
+
+int64_t rows_in(const torch::Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1); }
+
 void check_input(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& gate) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && float_type(x.scalar_type()),
-              "row norm: expects x [rows, D] fp32, bf16 or fp16, contiguous; got ", x.sizes(), " ", x.scalar_type());
-  TORCH_CHECK(row_norm_supported(x.scalar_type(), w.defined() ? w.scalar_type() : x.scalar_type(), x.size(1)),
+  TORCH_CHECK((x.dim() == 2 || x.dim() == 3) && float_type(x.scalar_type()),
+              "row norm: expects x [rows, D] or [G, H, D] fp32, bf16 or fp16; got ", x.sizes(), " ", x.scalar_type());
+  const int64_t D = x.size(-1);
+  TORCH_CHECK(row_norm_supported(x.scalar_type(), w.defined() ? w.scalar_type() : x.scalar_type(), D),
               "row norm: unsupported x dtype ", x.scalar_type(), ", weight dtype ",
-              w.defined() ? w.scalar_type() : x.scalar_type(), " or row length ", x.size(1));
+              w.defined() ? w.scalar_type() : x.scalar_type(), " or row length ", D);
+  rows_of(x, "x");
   if (w.defined())
-    TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(1) && w.is_contiguous() && w.device() == x.device(),
-                "row norm: expects weight [", x.size(1), "] contiguous on ", x.device(), "; got ", w.sizes(), " on ",
+    TORCH_CHECK(w.dim() == 1 && w.size(0) == D && w.is_contiguous() && w.device() == x.device(),
+                "row norm: expects weight [", D, "] contiguous on ", x.device(), "; got ", w.sizes(), " on ",
                 w.device());
-  if (gate.defined())
-    TORCH_CHECK(gate.sizes() == x.sizes() && gate.scalar_type() == x.scalar_type() && gate.is_contiguous() &&
+  if (gate.defined()) {
+    TORCH_CHECK(gate.size(-1) == D && rows_in(gate) == rows_in(x) && gate.scalar_type() == x.scalar_type() &&
                     gate.device() == x.device(),
-                "row norm: expects the gate ", x.sizes(), " ", x.scalar_type(), " contiguous on ", x.device(), "; got ",
-                gate.sizes(), " ", gate.scalar_type(), " on ", gate.device());
+                "row norm: expects the gate with x's ", rows_in(x), " rows of ", D, " ", x.scalar_type(), " on ",
+                x.device(), "; got ", gate.sizes(), " ", gate.scalar_type(), " on ", gate.device());
+    rows_of(gate, "the gate");
+  }
 }
 
 }  // namespace
@@ -182,7 +210,8 @@ RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, 
                                 const torch::Tensor& gate, Gate act) {
   check_input(x, w, gate);
   const c10::cuda::CUDAGuard guard(x.device());
-  const int64_t rows = x.size(0), D = x.size(1);
+  const int64_t rows = rows_in(x), D = x.size(-1);
+  const Rows x_rows = rows_of(x, "x"), gate_rows = gate.defined() ? rows_of(gate, "the gate") : x_rows;
   const auto y_dtype = w.defined() ? at::promote_types(x.scalar_type(), w.scalar_type()) : x.scalar_type();
   RowNormForward out{torch::empty({rows, D}, x.options().dtype(y_dtype)),
                      torch::empty({rows}, x.options().dtype(torch::kFloat))};
@@ -190,9 +219,9 @@ RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, 
   dispatch_pair(x, w, [&](auto e, auto wt) {
     using E = decltype(e);
     using W = decltype(wt);
-    launch(row_norm_forward_kernel<E, W>, blocks_for(rows, int64_t{1} << 20), kThreads, 0, data_as<E>(x),
-           data_or_null<W>(w), data_or_null<E>(gate), act, data_as<OutOf<E, W>>(out.y), out.rstd.data_ptr<float>(),
-           rows, static_cast<int>(D), static_cast<float>(mean_scale), static_cast<float>(eps));
+    launch(row_norm_forward_kernel<E, W>, blocks_for(rows, int64_t{1} << 20), kThreads, 0, data_as<E>(x), x_rows,
+           data_or_null<W>(w), data_or_null<E>(gate), gate_rows, act, data_as<OutOf<E, W>>(out.y),
+           out.rstd.data_ptr<float>(), rows, static_cast<int>(D), static_cast<float>(mean_scale), static_cast<float>(eps));
   });
   return out;
 }
@@ -201,19 +230,20 @@ RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, c
                                const torch::Tensor& dy, double mean_scale, bool want_dw, const torch::Tensor& gate,
                                Gate act) {
   check_input(x, w, gate);
-  const int64_t rows = x.size(0), D = x.size(1);
+  const int64_t rows = rows_in(x), D = x.size(-1);
+  const Rows x_rows = rows_of(x, "x"), gate_rows = gate.defined() ? rows_of(gate, "the gate") : x_rows;
   TORCH_CHECK(rstd.sizes() == torch::IntArrayRef{rows} && rstd.scalar_type() == torch::kFloat && rstd.is_contiguous(),
               "row norm backward: expects rstd [", rows, "] fp32 contiguous; got ", rstd.sizes(), " ",
               rstd.scalar_type());
   const auto y_dtype = w.defined() ? at::promote_types(x.scalar_type(), w.scalar_type()) : x.scalar_type();
-  TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == y_dtype && dy.is_contiguous(),
-              "row norm backward: expects dy ", x.sizes(), " ", y_dtype, " contiguous; got ", dy.sizes(), " ",
+  TORCH_CHECK(dy.sizes() == torch::IntArrayRef({rows, D}) && dy.scalar_type() == y_dtype && dy.is_contiguous(),
+              "row norm backward: expects dy [", rows, ", ", D, "] ", y_dtype, " contiguous; got ", dy.sizes(), " ",
               dy.scalar_type());
   want_dw = want_dw && w.defined();
   const c10::cuda::CUDAGuard guard(x.device());
   RowNormGrads out;
-  out.dx = torch::empty_like(x);
-  if (gate.defined()) out.dgate = torch::empty_like(gate);
+  out.dx = torch::empty({rows, D}, x.options());
+  if (gate.defined()) out.dgate = torch::empty({rows, D}, gate.options());
   const unsigned blocks = blocks_for(rows, std::max<int64_t>(1, kPartialFloats / D));
   torch::Tensor partials;
   if (want_dw) partials = torch::empty({static_cast<int64_t>(blocks), D}, x.options().dtype(torch::kFloat));
@@ -222,7 +252,8 @@ RowNormGrads row_norm_backward(const torch::Tensor& x, const torch::Tensor& w, c
       using E = decltype(e);
       using W = decltype(wt);
       launch(row_norm_backward_kernel<E, W>, blocks, kThreads, want_dw ? kWarps * D * sizeof(float) : 0,
-             data_as<E>(x), data_or_null<W>(w), data_or_null<E>(gate), act, rstd.data_ptr<float>(),
+             data_as<E>(x), x_rows, data_or_null<W>(w), data_or_null<E>(gate), gate_rows, act,
+             rstd.data_ptr<float>(),
              data_as<OutOf<E, W>>(dy), data_as<E>(out.dx), gate.defined() ? data_as<E>(out.dgate) : nullptr,
              want_dw ? partials.data_ptr<float>() : nullptr, rows, static_cast<int>(D), static_cast<float>(mean_scale));
     });

@@ -15,8 +15,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// x [rows, D] contiguous, weight [D] or an empty placeholder (none), gate [rows, D] or a placeholder (none,
-// then act is Gate::none) -> y [rows, D].
+// x [rows, D] contiguous or [G, H, D] (grouped_rows), weight [D] or an empty placeholder (none), gate likewise
+// or a placeholder (none, then act is Gate::none) -> y [rows, D].
 struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
   static variable_list forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& weight,
                                const torch::Tensor& gate, double mean_scale, double eps, int64_t act) {
@@ -37,9 +37,30 @@ struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
     auto r = cuda_kernels::row_norm_backward(x, weight, rstd, dy, ctx->saved_data["mean_scale"].toDouble(),
                                              weight.defined() && ctx->needs_input_grad(1), gate,
                                              static_cast<Gate>(ctx->saved_data["act"].toInt()));
-    return {r.dx, r.dw, r.dgate, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const auto dgate = r.dgate.defined() ? r.dgate.view(gate.sizes()) : r.dgate;
+    return {r.dx.view(x.sizes()), r.dw, dgate, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
+
+// t [..., D] as the kernels read it without a copy: [rows, D] when contiguous, else [G, H, D] when each
+// group of its last-but-one dimension's H rows is contiguous and the groups lie one stride apart (a packed
+// product's heads, say [B, 1, H, D] of rows wider than H D); a contiguous copy otherwise.
+torch::Tensor grouped_rows(const torch::Tensor& t) {
+  const int64_t D = t.size(-1);
+  if (t.is_contiguous() || t.dim() < 2) return t.contiguous().view({-1, D});
+  const int64_t H = t.size(-2);
+  if ((D > 1 && t.stride(-1) != 1) || (H > 1 && t.stride(-2) != D)) return t.contiguous().view({-1, D});
+  // The leading dimensions must fold into one: each (of more than one entry) its next one's size times stride.
+  int64_t groups = 1, stride = H * D, inner = -1;  // inner: the stride of the last foldable dimension so far
+  for (int64_t i = t.dim() - 3; i >= 0; --i) {
+    if (t.size(i) == 1) continue;
+    if (inner >= 0 && t.stride(i) != inner) return t.contiguous().view({-1, D});
+    if (inner < 0) stride = t.stride(i);
+    inner = t.stride(i) * t.size(i);
+    groups *= t.size(i);
+  }
+  return t.as_strided({groups, H, D}, {stride, D, 1});
+}
 
 }  // namespace
 
@@ -58,9 +79,8 @@ std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch:
     return std::nullopt;
   auto placeholder = torch::empty({0}, x.options());
   auto w = weight.defined() ? weight.contiguous() : placeholder;
-  auto g = act != Gate::none ? gate.contiguous().view({-1, D}) : placeholder;
-  auto y = RowNormFunction::apply(x.contiguous().view({-1, D}), w, g, mean_scale, eps,
-                                  static_cast<int64_t>(act))[0];
+  auto g = act != Gate::none ? grouped_rows(gate) : placeholder;
+  auto y = RowNormFunction::apply(grouped_rows(x), w, g, mean_scale, eps, static_cast<int64_t>(act))[0];
   return y.view(x.sizes());
 }
 
