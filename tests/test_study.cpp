@@ -300,6 +300,17 @@ TEST(Study, BadVariantFailsBeforeAnythingTrains) {
           << e.what();
     }
   }
+  // And graphed training steps on the CPU.
+  StudyOptions graphed = o;
+  graphed.cuda_graph = true;
+  try {
+    run_study(parse_study(tiny_study(), "tiny.json", out), graphed);
+    FAIL() << "a CPU study ran with --cuda-graph";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--cuda-graph needs a CUDA device (the study runs on cpu)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // Each built-in study is a file the study reader accepts as it stands (the paper preset with three copies of

@@ -28,6 +28,7 @@
 #include "study/study_report.h"
 #include "train/checkpoint.h"
 #include "train/pretrain.h"
+#include "train/trainer.h"
 
 namespace linearize {
 
@@ -60,6 +61,9 @@ class Runner {
     // rewritten on a machine without one.
     const std::string device = o.report_only ? "cpu" : o.device.empty() ? spec.device : o.device;
     device_ = parse_device_name(device, spec.file + ": device \"" + device + "\"");
+    if (o.cuda_graph && !o.report_only && !device_.is_cuda())
+      throw Error("--cuda-graph needs a CUDA device (the study runs on " + device_.str() + ")");
+    step_graph_ = o.cuda_graph ? TrainLoopOptions::StepGraph::cuda_graph : TrainLoopOptions::StepGraph::off;
     for (const auto& t : spec.teachers) refuse_output_inside(out_, t.path, "the teacher " + t.name + "'s folder");
     if (o.max_minutes > 0) deadline_ = t0_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.max_minutes * 60));
   }
@@ -270,6 +274,7 @@ class Runner {
       po.loop.log_every = std::max<int64_t>(1, p.steps / 10);
       po.loop.deadline = deadline_;
       po.loop.deterministic = p.deterministic;
+      po.loop.step_graph = step_graph_;
       pretrain(po);
       if (!is_model_folder(dir)) throw OutOfTime{};
       // Trained again where its results were kept but its weights were not (a GPU machine given back
@@ -369,6 +374,7 @@ class Runner {
     d.loop.device = device_;
     d.loop.resume = true;
     d.loop.deadline = deadline_;
+    d.loop.step_graph = step_graph_;
     d.loop.log_every = std::max<int64_t>(50, stage3_steps(d) / 5);  // about five progress lines (tokens/s, ETA) a stage
     return d;
   }
@@ -472,6 +478,7 @@ class Runner {
   std::string out_, data_, ppl_data_, tokenizer_;
   std::map<std::string, std::string> heads_;  // a held-out text file (canonical path) -> its training head
   torch::Device device_ = torch::kCPU;
+  TrainLoopOptions::StepGraph step_graph_ = TrainLoopOptions::StepGraph::off;
 };
 
 }  // namespace

@@ -29,6 +29,7 @@ struct StudyOptions {
   double max_minutes = 0;         // 0: no limit
   std::string device;             // overrides the study's "device" when not empty
   bool report_only = false;       // rewrite the report from the results present
+  bool cuda_graph = false;        // every training step after a run's first replayed from a CUDA graph (CUDA only)
 };
 
 struct StudyOutcome {
