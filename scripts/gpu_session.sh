@@ -5,6 +5,8 @@
 #   tests        ctest -L cuda (the Cuda* suites) and the CPU/CUDA golden suites
 #   bench-ops | bench-train | bench-decode | bench-quick   build-gpu/linearize_gpu_bench
 #   bench-serve  build-gpu/linearize_serve_bench at the 135M shape (SERVE_ARGS replaces its load options)
+#   whole-run    bench/gpu/whole_run.sh: `distill` (three stages) against `pretrain` of the same teacher, whole
+#                commands, on WHOLE_TEXT (default the corpus's web_bible.txt); SHAPES, MIXER, GRAPH=1 pass through
 #   profile-ops  per-kernel times (ncu) of `ops --quick ${OPS_ARGS}`, summed by kernel (bench/gpu/kernel_times.py)
 #   profile-detail  ncu's throughput, occupancy and warp-state sections for the first four fused kernels
 #                of `ops --quick ${OPS_ARGS}` (one forward+backward), with the headline lines printed
@@ -129,6 +131,9 @@ for step in "$@"; do
     bench-ops) ops_bench "$OUT/bench-ops" ;;
     bench-train) train_bench "$OUT/bench-train" ;;
     bench-decode) decode_bench "$OUT/bench-decode" ;;
+    whole-run) L=build-gpu/linearize TEXT=${WHOLE_TEXT:-.device/shared/data/corpus/web_bible.txt} \
+                 timeout ${WHOLE_LIMIT:-570} bash bench/gpu/whole_run.sh > "$OUT/whole-run.md" 2> "$OUT/whole-run.log"
+               cat "$OUT/whole-run.md"; tail -3 "$OUT/whole-run.log" ;;
     bench-serve)
       timeout ${SERVE_LIMIT:-540} build-gpu/linearize_serve_bench --device cuda --shape 135m \
         ${SERVE_ARGS:---clients 1,16,64,256 --prompt-tokens 1024 --max-tokens 128 --requests 1 --memory-gib 64} \
