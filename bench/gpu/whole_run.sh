@@ -6,7 +6,7 @@
 # training loops, and the ratio to pretraining. With GRAPH=1 each run is repeated with --cuda-graph.
 #
 #   L=build-gpu/linearize TEXT=corpus.txt bash bench/gpu/whole_run.sh > whole.md
-#   SHAPES="135m 1.7b" MIXER=gated_deltanet TOKENS_135M=8000000 TOKENS_1.7B=2000000 GRAPH=1 DEVICE=cuda
+#   SHAPES="135m 1.7b" MIXER=gated_deltanet TOKENS_135M=8000000 TOKENS_1_7B=2000000 GRAPH=1 DEVICE=cuda
 #   SHAPES=tiny DEVICE=cpu  (a check that it runs)
 #
 # The tokenizer is a BPE of VOCAB (default 8192) tokens trained on TEXT, so the shapes are SmolLM2's but
