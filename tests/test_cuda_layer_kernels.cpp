@@ -201,6 +201,17 @@ TEST(CudaOps, SwigluKernelMatchesFp64) {
     const auto [z, dg, du] = run(true);
     EXPECT_EQ(z.scalar_type(), c.dtype);
     EXPECT_TRUE(torch::equal(z, ops::cuda_kernels::swiglu_forward(gate, up))) << "ops did not run the kernel";
+    {  // gate and up as the halves of one packed product's rows, without gradients: read in place, one launch
+      torch::NoGradGuard no_grad;
+      const int64_t I = c.shape.back();
+      auto both = torch::cat({gate, up}, -1);
+      auto gate_half = both.narrow(-1, 0, I), up_half = both.narrow(-1, I, I);
+      ASSERT_FALSE(gate_half.is_contiguous());
+      EXPECT_EQ(ops::cuda_kernels::swiglu_row_stride(up_half), 2 * I);
+      EXPECT_TRUE(torch::equal(ops::cuda_kernels::swiglu_rows_forward(gate_half, up_half), z));
+      EXPECT_TRUE(torch::equal(ops::swiglu(gate_half, up_half), z)) << "the halves of a packed product";
+      EXPECT_EQ(ops::cuda_kernels::swiglu_row_stride(gate.transpose(0, 1)), -1) << "rows that do not fold";
+    }
     const double bound = c.dtype == torch::kFloat ? 1e-5 : c.dtype == torch::kHalf ? 2e-3 : 1e-2;
     torch::Tensor fz, fdg, fdu;  // the formula's, where it runs
     if (has_plain_form(kernels, c.dtype)) std::tie(fz, fdg, fdu) = run(false);

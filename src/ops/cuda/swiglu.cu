@@ -73,6 +73,27 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// gate, up: rows of I elements, row r at r * gate_row (up_row) -> z [rows, I] contiguous, V elements a thread at a
+// time (a packed product's halves: the MLP's gate and up side by side in each row).
+template <typename E, int V>
+__global__ void __launch_bounds__(kThreads)
+    swiglu_rows_forward_kernel(const E* __restrict__ gate, const E* __restrict__ up, E* __restrict__ z,
+                               int64_t gate_row, int64_t up_row, int64_t row_words, int64_t words) {
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < words;
+       w += static_cast<int64_t>(gridDim.x) * kThreads) {
+    const int64_t r = w / row_words, c = w % row_words;
+    const Word<E, V> g = load_word<E, V>(gate + r * gate_row, c), u = load_word<E, V>(up + r * up_row, c);
+    Word<E, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float v = static_cast<float>(g.x[j]);
+      const float a = static_cast<float>(static_cast<E>(v * sigmoid_of(v)));
+      out.x[j] = static_cast<E>(a * static_cast<float>(u.x[j]));
+    }
+    reinterpret_cast<Word<E, V>*>(z)[w] = out;
+  }
+}
+
 unsigned blocks_for(int64_t words) {
   return static_cast<unsigned>(std::clamp<int64_t>((words + kThreads - 1) / kThreads, 1, kMaxBlocks));
 }
@@ -92,6 +113,47 @@ void check_gate(const torch::Tensor& gate) {
 }  // namespace
 
 bool swiglu_supported(torch::ScalarType dtype) { return float_type(dtype); }
+
+int64_t swiglu_row_stride(const torch::Tensor& t) {
+  if (t.dim() < 1 || t.numel() == 0) return -1;
+  const int64_t I = t.size(-1);
+  if (I > 1 && t.stride(-1) != 1) return -1;
+  // The leading dimensions fold into one of rows: each (of more than one entry) its next one's size times stride.
+  int64_t row = -1, next = -1;  // next: the stride the next outer dimension must have
+  for (int64_t i = t.dim() - 2; i >= 0; --i) {
+    if (t.size(i) == 1) continue;
+    if (next >= 0 && t.stride(i) != next) return -1;
+    if (row < 0) row = t.stride(i);
+    next = t.stride(i) * t.size(i);
+  }
+  if (row < 0) row = I;  // a single row
+  return row >= I ? row : -1;
+}
+
+torch::Tensor swiglu_rows_forward(const torch::Tensor& gate, const torch::Tensor& up) {
+  TORCH_CHECK(swiglu_supported(gate.scalar_type()) && up.scalar_type() == gate.scalar_type() &&
+                  up.sizes() == gate.sizes() && up.device() == gate.device(),
+              "swiglu: expects gate and up of one shape and dtype (fp32, bf16 or fp16) on one device; got ",
+              gate.sizes(), " ", gate.scalar_type(), " and ", up.sizes(), " ", up.scalar_type());
+  const int64_t gate_row = swiglu_row_stride(gate), up_row = swiglu_row_stride(up);
+  TORCH_CHECK(gate_row >= 0 && up_row >= 0, "swiglu: expects gate and up as rows of contiguous elements; got strides ",
+              gate.strides(), " and ", up.strides());
+  const c10::cuda::CUDAGuard guard(gate.device());
+  auto z = torch::empty(gate.sizes(), gate.options());
+  const int64_t n = gate.numel(), I = gate.size(-1);
+  if (n == 0) return z;
+  // 16 bytes at a time where every row starts on a 16-byte boundary: the pointers, the row strides and I.
+  const int64_t per_word = 16 / static_cast<int64_t>(c10::elementSize(gate.scalar_type()));
+  const bool wide = wide_words(I, gate.scalar_type(), {&gate, &up, &z}) && gate_row % per_word == 0 &&
+                    up_row % per_word == 0;
+  dispatch_words(gate.scalar_type(), wide, [&](auto e, auto v) {
+    using E = decltype(e);
+    constexpr int V = decltype(v)::value;
+    launch(swiglu_rows_forward_kernel<E, V>, blocks_for(n / V), kThreads, 0, data_as<E>(gate), data_as<E>(up),
+           data_as<E>(z), gate_row, up_row, I / V, n / V);
+  });
+  return z;
+}
 
 torch::Tensor swiglu_forward(const torch::Tensor& gate, const torch::Tensor& up) {
   check_gate(gate);

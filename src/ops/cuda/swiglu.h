@@ -9,6 +9,12 @@ namespace linearize::ops::cuda_kernels {
 // `torch::silu(gate) * up`: gate and up of one shape and dtype (fp32, bf16 or fp16), contiguous.
 bool swiglu_supported(torch::ScalarType dtype);
 torch::Tensor swiglu_forward(const torch::Tensor& gate, const torch::Tensor& up);
+// The forward of gate and up given as rows of contiguous elements anywhere (a packed product's halves, each
+// [..., I] inside rows of 2 I), with no gradient: z [..., I] contiguous, the same values as swiglu_forward on
+// contiguous copies. swiglu_row_stride: the distance between t's rows, or -1 when its leading dimensions do not
+// fold into rows of one stride.
+int64_t swiglu_row_stride(const torch::Tensor& t);
+torch::Tensor swiglu_rows_forward(const torch::Tensor& gate, const torch::Tensor& up);
 // Its backward given dz (gate's shape and dtype, contiguous).
 struct SwigluGrads {
   torch::Tensor dgate, dup;

@@ -36,11 +36,15 @@ std::optional<torch::Tensor> fused_swiglu(const torch::Tensor& gate, const torch
                        up.sizes() == gate.sizes() && up.scalar_type() == gate.scalar_type() &&
                        up.device() == gate.device() && cuda_kernels::swiglu_supported(gate.scalar_type());
   if (!applies) return std::nullopt;
-  // Strided views (a packed product's halves) without gradients: the formula's two launches read them as
-  // they are, where the kernel would need a copy of each first.
+  // Strided views (a packed product's halves) without gradients: one launch reads them in place where their
+  // rows fold into one stride; otherwise the formula's two launches read them as they are, where the
+  // kernel would need a copy of each first.
   const bool strided = !gate.is_contiguous() || !up.is_contiguous();
   const bool grads = torch::GradMode::is_enabled() && (gate.requires_grad() || up.requires_grad());
-  if (strided && !grads) return std::nullopt;
+  if (strided && !grads) {
+    if (cuda_kernels::swiglu_row_stride(gate) < 0 || cuda_kernels::swiglu_row_stride(up) < 0) return std::nullopt;
+    return cuda_kernels::swiglu_rows_forward(gate, up);
+  }
   return SwigluFunction::apply(gate.contiguous(), up.contiguous())[0];
 }
 
