@@ -126,21 +126,30 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
       auto widen = [&](const torch::Tensor& t) {
         auto wide = torch::zeros({2, 1, n + 7}, t.options()).to(dev);
         wide.narrow(2, 3, n).copy_(t.to(dev).view({2, 1, n}));
-        return wide.requires_grad_(true);
+        return wide;
       };
       auto heads = [&](const torch::Tensor& wide) { return wide.narrow(2, 3, n).view({2, 1, c.rows, c.D}); };
       auto wx = widen(x), wg = widen(gate);
       ASSERT_FALSE(heads(wx).is_contiguous());
-      auto ys = c.rms ? ops::rms_norm(heads(wx), w.to(dev), eps, heads(wg), c.gate) : ops::l2_norm(heads(wx), eps);
-      EXPECT_TRUE(torch::equal(ys.reshape({-1, c.D}), direct.y)) << "y from strided rows";
-      ys.backward(dy.to(dev).view(ys.sizes()));
-      EXPECT_TRUE(torch::equal(wx.grad().narrow(2, 3, n).reshape({-1, c.D}), dx.reshape({-1, c.D})))
-          << "dx from strided rows";
-      if (gated)
-        EXPECT_TRUE(torch::equal(wg.grad().narrow(2, 3, n).reshape({-1, c.D}), dgate.reshape({-1, c.D})))
-            << "dgate from strided rows";
+      {
+        torch::NoGradGuard no_grad;  // decoding: no copy
+        auto ys = c.rms ? ops::rms_norm(heads(wx), w.to(dev), eps, heads(wg), c.gate) : ops::l2_norm(heads(wx), eps);
+        EXPECT_TRUE(torch::equal(ys.reshape({-1, c.D}), direct.y)) << "y from strided rows";
+      }
+      // The kernels' backward reads such rows too: the same gradients as from contiguous rows.
+      const double mean_scale = c.rms ? 1.0 / static_cast<double>(c.D) : 1.0;
+      const auto wd = c.rms ? w.to(dev) : torch::Tensor();
+      const auto dy2 = dy.to(dev).view({-1, c.D});
+      auto from_rows = ops::cuda_kernels::row_norm_backward(heads(wx).view({2, c.rows, c.D}), wd, direct.rstd, dy2,
+                                                            mean_scale, c.rms, gated ? heads(wg).view({2, c.rows, c.D})
+                                                                                     : torch::Tensor(), c.gate);
+      auto from_copy = ops::cuda_kernels::row_norm_backward(x.to(dev).view({-1, c.D}), wd, direct.rstd, dy2, mean_scale,
+                                                            c.rms, gated ? gate.to(dev).view({-1, c.D}) : torch::Tensor(),
+                                                            c.gate);
+      EXPECT_TRUE(torch::equal(from_rows.dx, from_copy.dx)) << "dx from strided rows";
+      if (c.rms) EXPECT_TRUE(torch::equal(from_rows.dw, from_copy.dw)) << "dw from strided rows";
+      if (gated) EXPECT_TRUE(torch::equal(from_rows.dgate, from_copy.dgate)) << "dgate from strided rows";
     }
-
     // Bounds by the least precise dtype taking part: y and dw carry the rounding of n to x's dtype.
     auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };
     const double bound = c.rms ? std::max(tol(c.x), tol(c.w)) : tol(c.x);

@@ -42,12 +42,14 @@ struct RowNormFunction : public torch::autograd::Function<RowNormFunction> {
   }
 };
 
-// t [..., D] as the kernels read it without a copy: [rows, D] when contiguous, else [G, H, D] when each
-// group of its last-but-one dimension's H rows is contiguous and the groups lie one stride apart (a packed
-// product's heads, say [B, 1, H, D] of rows wider than H D); a contiguous copy otherwise.
+// t [..., D] as the kernels read it without a copy: [rows, D] when contiguous, else, when no gradient flows
+// back to it (decoding), [G, H, D] when each group of its last-but-one dimension's H rows is contiguous and
+// the groups lie one stride apart (a packed product's heads, say [B, 1, H, D] of rows wider than H D); a
+// contiguous copy otherwise (training keeps the copy's cheap backward rather than as_strided's).
 torch::Tensor grouped_rows(const torch::Tensor& t) {
   const int64_t D = t.size(-1);
   if (t.is_contiguous() || t.dim() < 2) return t.contiguous().view({-1, D});
+  if (torch::GradMode::is_enabled() && t.requires_grad()) return t.contiguous().view({-1, D});
   const int64_t H = t.size(-2);
   if ((D > 1 && t.stride(-1) != 1) || (H > 1 && t.stride(-2) != D)) return t.contiguous().view({-1, D});
   // The leading dimensions must fold into one: each (of more than one entry) its next one's size times stride.
