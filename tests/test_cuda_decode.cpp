@@ -150,3 +150,43 @@ TEST(CudaOps, GroupedDecodeStepMatchesSpreadHeads) {
 
 }  // namespace
 }  // namespace linearize
+
+namespace linearize {
+namespace {
+
+// gla_recurrent with the gate's logits (GLA's decode step): the fused step computes log_sigmoid(x) / 16 as it
+// reads them, within fp32 round-off of the step given that log decay, with grouped KV heads and bf16 logits;
+// and the libtorch form, which computes the log decay first, gives that step's result to the bit.
+TEST(CudaOps, DecodeStepFromGateLogitsMatchesLogDecay) {
+  REQUIRE_KERNELS();
+  NoTf32 no_tf32;
+  torch::NoGradGuard no_grad;
+  const int64_t B = 3, H = 4, Hkv = 2, K = 64, V = 32;
+  const auto opts = torch::TensorOptions().device(dev);
+  torch::manual_seed(17);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    auto q = torch::randn({B, 1, H, K}, opts).to(dtype), k = (torch::randn({B, 1, Hkv, K}, opts) * 0.2).to(dtype);
+    auto v = torch::randn({B, 1, Hkv, V}, opts).to(dtype), h0 = torch::randn({B, H, K, V}, opts);
+    auto logits = (torch::randn({B, 1, Hkv, K}, opts) * 4).to(dtype);
+    const auto log_decay = torch::log_sigmoid(logits.to(torch::kFloat)) / 16.0;
+    const auto want = ops::gla_recurrent(q, k, v, log_decay, h0, 0.125);
+    const auto got = ops::gla_recurrent(q, k, v, logits, h0, 0.125, false, 16.0);
+    const double e_o = rel_err(got.o, want.o), e_s = rel_err(got.state, want.state);
+    EXPECT_LE(e_o, dtype == torch::kFloat ? 1e-5 : 1e-2);
+    EXPECT_LE(e_s, 1e-5);
+    ops::set_fused_kernels(false);
+    const auto plain = ops::gla_recurrent(q, k, v, logits, h0, 0.125, false, 16.0);
+    const auto plain_want = ops::gla_recurrent(q, k, v, log_decay, h0, 0.125);
+    ops::set_fused_kernels(true);
+    EXPECT_TRUE(torch::equal(plain.o, plain_want.o) && torch::equal(plain.state, plain_want.state));
+    std::printf("[cuda-gate-logits] %s o %.1e  state %.1e\n", c10::toString(dtype), e_o, e_s);
+  }
+  EXPECT_THROW(ops::gla_recurrent(torch::randn({1, 1, 2, 8}), torch::randn({1, 1, 2, 8}), torch::randn({1, 1, 2, 8}),
+                                  torch::randn({1, 1, 2}), {}, 0.125, false, 16.0),
+               Error)
+      << "logits need a per-channel gate";
+}
+
+}  // namespace
+}  // namespace linearize

@@ -45,7 +45,7 @@ std::optional<torch::Tensor> fused_softplus_decay(const torch::Tensor&, const to
 }
 std::optional<OpResult> fused_decode_step(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
                                           const torch::Tensor&, const torch::Tensor&, GateKind, const torch::Tensor&,
-                                          double, int64_t, bool) {
+                                          double, int64_t, bool, double) {
   return std::nullopt;
 }
 

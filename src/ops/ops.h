@@ -29,8 +29,12 @@ struct OpResult {
 // gla_recurrent also takes grouped KV heads: k, v and a [B, T, Hkv] or [B, T, Hkv, K] g with Hkv heads, H a
 // multiple of Hkv, query head h reading head h / (H / Hkv) (as repeat_heads spreads them), so that a decode
 // step need not copy them to H heads first.
+// gate_logits > 0: g holds the gate's logits x ([B, T, H or Hkv, K]), the log decay being
+// log_sigmoid(x) / gate_logits (GLA's normaliser), which a fused decode step computes as it reads them
+// (no launches of its own); elsewhere the same formula runs first.
 OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& g, const torch::Tensor& h0, double scale, bool in_place = false);
+                       const torch::Tensor& g, const torch::Tensor& h0, double scale, bool in_place = false,
+                       double gate_logits = 0);
 OpResult gla_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                    const torch::Tensor& g, const torch::Tensor& h0, double scale, int64_t chunk = 64);
 

@@ -59,12 +59,16 @@ torch::Tensor GLA::forward(const torch::Tensor& x, LayerState* state) {
   v = mixers::repeat_heads(mixers::split_heads(v, Hkv), spread);        // [B,T,H,Dv] (decode: Hkv)
   const auto gk_kv = mixers::low_rank_stage(gk_proj, 1)(in[mixers::low_rank_stage(gk_proj, 0)]);  // [B,T,Hkv*Dk]
   auto gk = mixers::repeat_heads(mixers::split_heads(gk_kv, Hkv), spread);                            // [B,T,H,Dk]
-  auto g = torch::log_sigmoid(gk.to(torch::kFloat)) / config.gate_logit_normalizer;       // fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
-  auto r = step.decode ? ops::gla_recurrent(q, k, v, g, step.get("S"), scale, step.in_place())
-                       : ops::gla_chunk(q, k, v, g, step.get("S"), scale, config.chunk_size);
+  // The log decay g = log_sigmoid(gk) / normaliser (fp32): a decode step takes the logits and computes it as
+  // it reads them (gla_recurrent's gate_logits, which a positive normaliser only can mean).
+  const double normaliser = config.gate_logit_normalizer;
+  auto log_decay = [&] { return torch::log_sigmoid(gk.to(torch::kFloat)) / normaliser; };  // fp32
+  auto r = !step.decode     ? ops::gla_chunk(q, k, v, log_decay(), step.get("S"), scale, config.chunk_size)
+           : normaliser > 0 ? ops::gla_recurrent(q, k, v, gk, step.get("S"), scale, step.in_place(), normaliser)
+                            : ops::gla_recurrent(q, k, v, log_decay(), step.get("S"), scale, step.in_place());
   step.put("S", r.state);
   step.advance(T);
 

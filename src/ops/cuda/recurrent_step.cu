@@ -17,14 +17,16 @@ namespace linearize::ops::cuda_kernels {
 
 namespace {
 
-// gate_mode: 0 none, 1 fixed [H], 2 scalar [B,Hkv], 3 vector [B,Hkv,K]; k, v (and those gates) have
-// Hkv = H / groups heads, query head h reading head h / groups.
+// gate_mode: 0 none, 1 fixed [H], 2 scalar [B,Hkv], 3 vector [B,Hkv,K], 4 vector logits [B,Hkv,K] in T (g_logits,
+// log decay log_sigmoid(x) / logit_scale); k, v (and those gates) have Hkv = H / groups heads, query head h
+// reading head h / groups.
 // q, k, v: each batch row's heads contiguous ([H, K] or [Hkv, K], [Hkv, V]), the rows q_row, k_row, v_row
 // elements apart (a packed product's slices at batch > 1).
 template <typename T>
 __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                       int64_t q_row, int64_t k_row, int64_t v_row, const float* __restrict__ g,
-                                      int gate_mode, const float* __restrict__ beta, const float* S, float* S_new,
+                                      const T* __restrict__ g_logits, float logit_scale, int gate_mode,
+                                      const float* __restrict__ beta, const float* S, float* S_new,
                                       T* __restrict__ o, int H, int groups, int K, int V, float scale) {
   LINEARIZE_DYNAMIC_SHARED(float, shared);
   float* qs = shared;          // [K] scale * q
@@ -42,6 +44,10 @@ __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restri
     if (gate_mode == 1) lg = g[h];
     else if (gate_mode == 2) lg = g[kvh];
     else if (gate_mode == 3) lg = g[kvh * K + i];
+    else if (gate_mode == 4) {  // log_sigmoid(x) = min(x, 0) - log1p(exp(-|x|)), as libtorch computes it
+      const float x = static_cast<float>(g_logits[kvh * K + i]);
+      lg = (fminf(x, 0.f) - log1pf(expf(-fabsf(x)))) / logit_scale;
+    }
     decay[i] = __expf(lg);
   }
   __syncthreads();
@@ -77,7 +83,8 @@ std::pair<torch::Tensor, int64_t> rows_of(const torch::Tensor& t) {
 std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, const torch::Tensor& k,
                                                        const torch::Tensor& v, const torch::Tensor& g,
                                                        const torch::Tensor& beta, const torch::Tensor& S,
-                                                       double scale, int64_t groups, bool in_place) {
+                                                       double scale, int64_t groups, bool in_place,
+                                                       double gate_logits) {
   const int64_t B = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
   TORCH_CHECK(groups >= 1 && H % groups == 0 && k.size(1) * groups == H && v.size(1) * groups == H,
               "recurrent step: expects k and v with H / groups heads; got q ", q.sizes(), ", k ", k.sizes(), ", v ",
@@ -88,8 +95,13 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
   const int64_t v_row = vr.second, q_row = qr.second, k_row = kr.second;
   auto Sc = S.to(torch::kFloat).contiguous();
   int gate_mode = 0;
-  torch::Tensor gc;
-  if (g.defined()) {
+  torch::Tensor gc, logits;
+  if (gate_logits > 0) {
+    TORCH_CHECK(g.defined() && g.dim() == 3, "recurrent step: gate logits need g [B,H,K]; got ",
+                g.defined() ? g.sizes() : torch::IntArrayRef{});
+    logits = g.to(vc.scalar_type()).contiguous();  // in the step's dtype: no cast where the layer made them so
+    gate_mode = 4;
+  } else if (g.defined()) {
     gc = g.to(torch::kFloat).contiguous();
     gate_mode = g.dim() == 1 ? 1 : g.dim() == 2 ? 2 : 3;
   }
@@ -100,7 +112,8 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
   const size_t smem = 3 * K * sizeof(float);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, vc.scalar_type(), "recurrent_step", [&] {
     launch(recurrent_step_kernel<scalar_t>, static_cast<unsigned>(B * H), threads, smem, qc.data_ptr<scalar_t>(),
-           kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), q_row, k_row, v_row, ptr_or_null(gc), gate_mode,
+           kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), q_row, k_row, v_row, ptr_or_null(gc),
+           logits.defined() ? logits.data_ptr<scalar_t>() : nullptr, static_cast<float>(gate_logits), gate_mode,
            ptr_or_null(bc), Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
            static_cast<int>(groups), static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
   });

@@ -13,10 +13,13 @@ namespace linearize::ops::cuda_kernels {
 // beta [B,H]; S [B,H,K,V] fp32. Gates and state are read and written in fp32. With groups > 1, k, v and a
 // [B,H,K] or [B,H] g have Hkv = H / groups heads, query head h reading head h / groups (grouped KV heads,
 // as repeat_heads spreads them). Returns o [B,H,V] in v's dtype and S_new [B,H,K,V] fp32: a new tensor (S left
-// untouched), or with in_place S itself updated where it is fp32 and contiguous.
+// untouched), or with in_place S itself updated where it is fp32 and contiguous. gate_logits > 0: g is a
+// [B,H,K] vector of logits in v's dtype (or fp32), the log decay being log_sigmoid(g) / gate_logits, computed
+// in fp32 as it is read.
 std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, const torch::Tensor& k,
                                                        const torch::Tensor& v, const torch::Tensor& g,
                                                        const torch::Tensor& beta, const torch::Tensor& S,
-                                                       double scale, int64_t groups = 1, bool in_place = false);
+                                                       double scale, int64_t groups = 1, bool in_place = false,
+                                                       double gate_logits = 0);
 
 }  // namespace linearize::ops::cuda_kernels

@@ -33,7 +33,20 @@ int64_t kv_groups(const torch::Tensor& q, const torch::Tensor& k, const torch::T
 }  // namespace
 
 OpResult gla_recurrent(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       const torch::Tensor& g, const torch::Tensor& h0, double scale, bool in_place) {
+                       const torch::Tensor& g, const torch::Tensor& h0, double scale, bool in_place,
+                       double gate_logits) {
+  if (gate_logits > 0) {
+    // The fused step reads the logits as they are; otherwise the log decay first, as the layers compute it.
+    if (!g.defined() || g.dim() != 4)
+      throw Error("gla_recurrent: gate logits need g [B,T,H,K] or [B,T,Hkv,K]; got " + detail::shape_of(g));
+    if (q.dim() == 4 && q.size(1) == 1) {
+      const int64_t groups = kv_groups(q, k, v, g);
+      const auto kind = detail::gate_kind(g, q.size(0), 1, k.size(2), q.size(3), "gla_recurrent");
+      if (auto fused = detail::fused_decode_step(q, k, v, {}, g, kind, h0, scale, groups, in_place, gate_logits))
+        return *fused;
+    }
+    return gla_recurrent(q, k, v, torch::log_sigmoid(g.to(torch::kFloat)) / gate_logits, h0, scale, in_place);
+  }
   if (const int64_t groups = kv_groups(q, k, v, g); groups > 1) {
     // One launch reading the shared heads where the fused step applies; else spread them over the query
     // heads (as repeat_heads does: KV head j serves heads j*G .. j*G+G-1) and take the form below.
