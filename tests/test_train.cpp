@@ -3,6 +3,7 @@
 // losses to an uninterrupted run).
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include "compat/cpu_threads.h"
@@ -481,7 +482,8 @@ struct GraphRun {
   TrainResult result;
 };
 
-GraphRun train_tiny_llama(TrainLoopOptions::StepGraph graph, const torch::Device& device, const std::string& dir) {
+GraphRun train_tiny_llama(TrainLoopOptions::StepGraph graph, const torch::Device& device, const std::string& dir,
+                          const std::function<void(TrainLoopOptions&)>& adjust = {}) {
   torch::manual_seed(11);
   CausalLM model(test::small_llama(32, 16, 2, 2, 1, 24));
   init_weights_normal(*model, 0.2);
@@ -506,6 +508,7 @@ GraphRun train_tiny_llama(TrainLoopOptions::StepGraph graph, const torch::Device
   o.quiet = true;
   o.run_dir = dir;
   o.step_graph = graph;
+  if (adjust) adjust(o);
   GraphRun r;
   r.result = run_training(*model, params, data, step, o);
   for (auto& p : model->parameters()) r.weights.push_back(p.detach().cpu().clone());
@@ -531,6 +534,26 @@ TEST(TrainLoop, GraphedStepsMatchEagerSteps) {
   EXPECT_GT(eager.norms.back(), 0.5) << "clipping should act";
   ASSERT_EQ(graphed.weights.size(), eager.weights.size());
   for (size_t i = 0; i < eager.weights.size(); ++i) EXPECT_TRUE(torch::equal(graphed.weights[i], eager.weights[i])) << i;
+}
+
+// A graphed run killed after a checkpoint and resumed ends with the weights of one that was not (the resumed
+// run's first step is eager again, the rest replayed).
+TEST(TrainLoop, GraphedRunKilledAndResumedMatches) {
+  const auto graph = TrainLoopOptions::StepGraph::eager;
+  const auto whole = train_tiny_llama(graph, torch::kCPU, tmpdir("graph_whole"));
+  const std::string dir = tmpdir("graph_killed");
+  const auto killed = train_tiny_llama(graph, torch::kCPU, dir, [](TrainLoopOptions& o) {
+    o.checkpoint_every = 1;
+    o.stop_after = 3;
+  });
+  EXPECT_FALSE(killed.result.finished);
+  const auto resumed = train_tiny_llama(graph, torch::kCPU, dir, [](TrainLoopOptions& o) { o.resume = true; });
+  EXPECT_TRUE(resumed.result.finished);
+  EXPECT_EQ(resumed.result.graphed_steps, 2);  // steps 5 and 6; step 4 ran eagerly
+  ASSERT_EQ(resumed.weights.size(), whole.weights.size());
+  for (size_t i = 0; i < whole.weights.size(); ++i)
+    EXPECT_TRUE(torch::equal(resumed.weights[i], whole.weights[i])) << i;
+  EXPECT_EQ(resumed.losses, whole.losses) << "metrics.jsonl: the killed run's steps, then the resumed run's";
 }
 
 // On a GPU the steps replay from a captured CUDA graph: within round-off of the eager loop (bf16 autocast
