@@ -1,13 +1,7 @@
 #include "infer/graphed_step.h"
 
+#include "compat/cuda_graph.h"
 #include "io/error.h"
-
-#ifdef LINEARIZE_WITH_CUDA
-#include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#endif
 
 namespace linearize {
 
@@ -83,40 +77,17 @@ struct GraphedDecodeStep::Impl {
 
 #ifdef LINEARIZE_WITH_CUDA
 
-namespace {
-// Work queued on `waiter` from now on starts after what is queued on `on` so far.
-void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& on) {
-  at::cuda::CUDAEvent event;
-  event.record(on);
-  event.block(waiter);
-}
-}  // namespace
-
 void GraphedDecodeStep::Impl::capture() {
-  // Capture runs on a side stream, after warm-up there (cuBLAS workspaces, allocator pools).
   const auto device = model->lm_head_weight().device();
-  const c10::cuda::CUDAGuard device_guard(device);
-  auto side = c10::cuda::getStreamFromPool(false, device.index());
-  const auto main_stream = c10::cuda::getCurrentCUDAStream(device.index());
-  wait_for(side, main_stream);
-  {
-    const c10::cuda::CUDAStreamGuard stream_guard(side);
+  auto warm_up = [&] {
     auto saved = buffers;  // warm-up steps change the buffers: restore them before capture
     for (auto& layer : saved)
       for (auto& [name, t] : layer.tensors) t = t.clone();
     for (int i = 0; i < 2; ++i) run_step();
     for (size_t l = 0; l < saved.size(); ++l)
       for (auto& [name, t] : saved[l].tensors) buffers[l].tensors.at(name).copy_(t);
-    try {
-      graph = std::make_unique<at::cuda::CUDAGraph>();
-      graph->capture_begin();
-      logits = run_step();
-      graph->capture_end();
-    } catch (const c10::Error& e) {
-      throw Error(std::string("CUDA graph decode: capture failed: ") + e.what_without_backtrace());
-    }
-  }
-  wait_for(main_stream, side);
+  };
+  graph = compat::capture_cuda_graph(device, warm_up, [&] { logits = run_step(); }, "CUDA graph decode");
 }
 
 #else

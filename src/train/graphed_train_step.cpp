@@ -2,18 +2,12 @@
 
 #include <cmath>
 
+#include "compat/cuda_graph.h"
 #include "compat/torch_compat.h"
 #include "io/error.h"
 #include "ops/ops.h"
 #include "train/optimizer_schedule.h"
 
-#ifdef LINEARIZE_WITH_CUDA
-#include <ATen/cuda/CUDAEvent.h>
-#include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime.h>
-#endif
 
 namespace linearize {
 
@@ -116,51 +110,11 @@ struct GraphedTrainStep::Impl {
 
 #ifdef LINEARIZE_WITH_CUDA
 
-namespace {
-// Work queued on `waiter` from now on starts after what is queued on `on` so far.
-void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& on) {
-  at::cuda::CUDAEvent event;
-  event.record(on);
-  event.block(waiter);
-}
-}  // namespace
-
 void GraphedTrainStep::Impl::capture() {
-  // On a side stream, after a warm-up there (cuBLAS workspaces, the allocator's pools, autograd's threads).
-  const auto device = rows.device();
-  const c10::cuda::CUDAGuard device_guard(device);
-  auto side = c10::cuda::getStreamFromPool(false, device.index());
-  const auto main_stream = c10::cuda::getCurrentCUDAStream(device.index());
-  wait_for(side, main_stream);
-  bool failed = false;
-  std::string failure;
-  {
-    const c10::cuda::CUDAStreamGuard stream_guard(side);
-    try {
-      run(/*with_update=*/false);
-      graph = std::make_unique<at::cuda::CUDAGraph>();
-      graph->capture_begin();
-      run(/*with_update=*/true);
-      graph->capture_end();
-    } catch (const c10::Error& e) {
-      failed = true, failure = e.what_without_backtrace();
-    } catch (const std::exception& e) {
-      failed = true, failure = e.what();
-    }
-    if (failed) {
-      // An op the graph cannot hold (one that reads the device on the host, say): end the capture the error
-      // left open, so that the loop can go on eagerly.
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(side.stream(), &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
-        cudaGraph_t abandoned = nullptr;
-        if (cudaStreamEndCapture(side.stream(), &abandoned) == cudaSuccess && abandoned) cudaGraphDestroy(abandoned);
-      }
-      (void)cudaGetLastError();
-      graph.reset();
-    }
-  }
-  wait_for(main_stream, side);  // the eager steps that follow, or the replays, come after the side's work
-  if (failed) throw Error("CUDA graph training step: capture failed: " + failure);
+  // The warm-up runs the step without its update: no parameter changes before the first replay.
+  graph = compat::capture_cuda_graph(
+      rows.device(), [&] { run(/*with_update=*/false); }, [&] { run(/*with_update=*/true); },
+      "CUDA graph training step");
 }
 
 #else
