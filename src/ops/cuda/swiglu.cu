@@ -33,22 +33,26 @@ __device__ __forceinline__ Word<E, V> load_word(const E* p, int64_t i) {
   return reinterpret_cast<const Word<E, V>*>(p)[i];
 }
 
+// z = round(round(silu(g)) u) for one word of each.
+template <typename E, int V>
+__device__ __forceinline__ Word<E, V> swiglu_word(const Word<E, V>& g, const Word<E, V>& u) {
+  Word<E, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float v = static_cast<float>(g.x[j]);
+    const float a = static_cast<float>(static_cast<E>(v * sigmoid_of(v)));
+    out.x[j] = static_cast<E>(a * static_cast<float>(u.x[j]));
+  }
+  return out;
+}
+
 // gate, up [n] (E) -> z [n] (E), V elements a thread at a time.
 template <typename E, int V>
 __global__ void __launch_bounds__(kThreads)
     swiglu_forward_kernel(const E* __restrict__ gate, const E* __restrict__ up, E* __restrict__ z, int64_t words) {
   for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < words;
-       w += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const Word<E, V> g = load_word<E, V>(gate, w), u = load_word<E, V>(up, w);
-    Word<E, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float v = static_cast<float>(g.x[j]);
-      const float a = static_cast<float>(static_cast<E>(v * sigmoid_of(v)));
-      out.x[j] = static_cast<E>(a * static_cast<float>(u.x[j]));
-    }
-    reinterpret_cast<Word<E, V>*>(z)[w] = out;
-  }
+       w += static_cast<int64_t>(gridDim.x) * kThreads)
+    reinterpret_cast<Word<E, V>*>(z)[w] = swiglu_word<E, V>(load_word<E, V>(gate, w), load_word<E, V>(up, w));
 }
 
 // gate, up, dz [n] (E) -> dgate, dup [n] (E).
@@ -82,15 +86,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t w = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; w < words;
        w += static_cast<int64_t>(gridDim.x) * kThreads) {
     const int64_t r = w / row_words, c = w % row_words;
-    const Word<E, V> g = load_word<E, V>(gate + r * gate_row, c), u = load_word<E, V>(up + r * up_row, c);
-    Word<E, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float v = static_cast<float>(g.x[j]);
-      const float a = static_cast<float>(static_cast<E>(v * sigmoid_of(v)));
-      out.x[j] = static_cast<E>(a * static_cast<float>(u.x[j]));
-    }
-    reinterpret_cast<Word<E, V>*>(z)[w] = out;
+    reinterpret_cast<Word<E, V>*>(z)[w] =
+        swiglu_word<E, V>(load_word<E, V>(gate + r * gate_row, c), load_word<E, V>(up + r * up_row, c));
   }
 }
 
