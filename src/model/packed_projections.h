@@ -10,9 +10,9 @@
 //              on its own.
 //
 // One launch instead of several matters where a step is bound by launching kernels: decoding. The outputs
-// of one product are strided views, which the next kernels (short conv, SwiGLU) copy before they read
-// them; for many rows (a prefill, an evaluation batch) those copies would cost more than the launches
-// saved, so such inputs run the layers one by one. A move to another device or dtype gives the layers
+// of one product are strided views; the short conv, the decode step, the norms and SwiGLU read them in
+// place, but the chunked kernels copy them first, and for many rows (a prefill, an evaluation batch)
+// those copies would cost more than the launches saved, so such inputs run the layers one by one. A move to another device or dtype gives the layers
 // new weights, which ends the packing (forward falls back; pack() again to renew it).
 #pragma once
 #include <torch/torch.h>

@@ -55,8 +55,8 @@ __device__ __forceinline__ float input_at(const E* x, XRows rows, const E* prefi
   return prefix == nullptr ? 0.f : static_cast<float>(prefix[(b * C + c) * (W - 1) + s]);
 }
 
-// x [B, T, C] (E, rows where `rows` says), w [C, W] (Wt), bias [C] (Wt) or null, prefix [B, C, W-1] (E) or null -> y [B, T, C] (E) and,
-// with cache, x̃'s last W-1 steps [B, C, W-1] (E). cache may be prefix when T = 1 (one thread a channel reads
+// x [B, T, C] (E, rows where `rows` says), w [C, W] (Wt), bias [C] (Wt) or null, prefix [B, C, W-1] (E) or
+// null -> y [B, T, C] (E) and, with cache, x̃'s last W-1 steps [B, C, W-1] (E). cache may be prefix when T = 1 (one thread a channel reads
 // its prefix before it writes the cache over it), so neither is __restrict__.
 template <typename E, typename Wt, int W>
 __global__ void __launch_bounds__(kThreads)
@@ -97,8 +97,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename E, typename Wt, int W>
 __global__ void __launch_bounds__(kThreads)
     short_conv_backward_kernel(const E* __restrict__ x, XRows rows, const Wt* __restrict__ w,
-                               const Wt* __restrict__ bias, const E* __restrict__ prefix, const E* __restrict__ dy, E* __restrict__ dx,
-                               float* __restrict__ partials, int T, int C, bool silu) {
+                               const Wt* __restrict__ bias, const E* __restrict__ prefix, const E* __restrict__ dy,
+                               E* __restrict__ dx, float* __restrict__ partials, int T, int C, bool silu) {
   const ConvAt at(T, C);
   if (at.c >= C) return;
   float wc[W], window[W], dz[W], dw[W];

@@ -32,9 +32,10 @@ void adamw_update(const AdamWUpdate& u) {
   if (n > 0 && detail::fused_adamw_update(u)) return;
   // libtorch's ops, which read device factors and the skip flag on the host (no CUDA graph takes this path).
   if (u.skip_unless_finite.defined() && !std::isfinite(u.skip_unless_finite.item<double>())) return;
-  const auto host_factors = u.factors.defined() ? u.factors.to(torch::kCPU) : torch::Tensor();
+  const auto host_factors = u.factors.defined() ? u.factors.to(torch::kCPU).contiguous() : torch::Tensor();
+  const float* rows = host_factors.defined() ? host_factors.data_ptr<float>() : nullptr;  // [n, 3]
   auto factor = [&](const std::vector<double>& given, size_t i, int64_t column) {
-    return host_factors.defined() ? static_cast<double>(host_factors[i][column].item<float>()) : given[i];
+    return rows ? static_cast<double>(rows[3 * i + column]) : given[i];
   };
   for (size_t i = 0; i < n; ++i) {
     const auto g = u.grad_scale.defined() ? u.g[i].mul(u.grad_scale) : u.g[i];
