@@ -193,6 +193,12 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
                 << "\n";
   };
 
+  auto refuse_nonfinite = [&](double loss, int64_t s) {
+    if (!std::isfinite(loss))
+      throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
+                  " (lower the learning rate?)");
+  };
+
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t tokens_per_step = o.batch * loader.tokens_per_row();
   constexpr int kMaxNonfiniteSteps = 8;
@@ -209,9 +215,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
       const auto r = graphed->step(rows, lr);
       loss = r.loss, grad_norm = r.grad_norm;
       ++result.graphed_steps;
-      if (!std::isfinite(loss))
-        throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
-                    " (lower the learning rate?)");
+      refuse_nonfinite(loss, s);
     } else {
       optimizer->zero_grad();
       // Summed where the loss lives and read once a step: a read per micro-batch would wait for each one's backward.
@@ -231,9 +235,7 @@ TrainResult run_training(torch::nn::Module& module, const std::vector<std::pair<
       if (sync) sync->finish();  // .grad = mean over ranks of each rank's mean over its micro-batches
       loss = loss_sum.item<double>() / static_cast<double>(o.grad_accum);
       if (group) loss = group->mean(loss);
-      if (!std::isfinite(loss))
-        throw Error(o.name + ": loss became " + std::to_string(loss) + " at step " + std::to_string(s + 1) +
-                    " (lower the learning rate?)");
+      refuse_nonfinite(loss, s);  // before the update
       grad_norm = adamw_step(*optimizer, o.clip);  // clipped within (0: no clipping)
     }
     if (!std::isfinite(grad_norm)) {
