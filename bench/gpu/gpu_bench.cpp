@@ -21,7 +21,7 @@
 //
 //   linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]
 //                       [--head-dim D] [--only linear_attention,retnet+,...]  (ops: name+ adds its libtorch-chunks row)
-//                       [--lengths 1024,16384]  (ops: the sequence lengths)  [--batch B]  (train: sequences a step)
+//                       [--lengths 1024,16384]  (ops: the sequence lengths; decode: the contexts)  [--batch B]  (train: sequences a step)
 //                       [--unpacked]  (decode: also the models unpacked)  [--cuda-graph]  (train: also graphed)
 //
 // --quick runs the smallest sizes only (a check that everything runs). On CPU the sizes are cut down.
@@ -436,6 +436,7 @@ void bench_decode(const Settings& s) {
   std::vector<int64_t> batches = gpu ? std::vector<int64_t>{1, 64} : std::vector<int64_t>{1, 4};
   std::vector<std::string> models = {"teacher"};
   for (const auto& m : s.only.empty() ? mixer_kinds() : s.only) models.push_back(m);
+  if (!s.lengths.empty()) contexts = s.lengths;
   if (s.quick) contexts.resize(1), models.resize(2);
   const auto dt = gpu ? torch::kBFloat16 : torch::kFloat;
   torch::manual_seed(0);
@@ -562,7 +563,8 @@ void bench_decode(const Settings& s) {
 int usage() {
   std::cerr << "usage: linearize_gpu_bench <ops|train|decode|all> [--quick] [--device cuda|cpu] [--shapes 135m,1.7b]\n"
                "                           [--head-dim D] [--only name,name,...]   (ops: head size, which ops, name+ adds its libtorch-chunks row; train, decode: which mixers)\n"
-               "                           [--lengths T,T,...]   (ops: the sequence lengths; default 1k..16k, --quick the first)\n"
+               "                           [--lengths T,T,...]   (ops: the sequence lengths, default 1k..16k, --quick the first;\n"
+               "                                                  decode: the contexts, default 1k..32k)\n"
                "                           [--batch B]   (train: sequences of 512 a step; default 16 at 135M, 8 at 1.7B)\n"
                "                           [--unpacked]  (decode: also each model with its input projections run one by one)\n"
                "                           [--cuda-graph]  (train: also each step replayed from one CUDA graph)\n";
