@@ -148,11 +148,6 @@ TEST(CudaOps, GroupedDecodeStepMatchesSpreadHeads) {
       << "Hkv must divide H and match v's heads";
 }
 
-}  // namespace
-}  // namespace linearize
-
-namespace linearize {
-namespace {
 
 // gla_recurrent with the gate's logits (GLA's decode step): the fused step computes log_sigmoid(x) / 16 as it
 // reads them, within fp32 round-off of the step given that log decay, with grouped KV heads and bf16 logits;
@@ -186,6 +181,53 @@ TEST(CudaOps, DecodeStepFromGateLogitsMatchesLogDecay) {
                                   torch::randn({1, 1, 2}), {}, 0.125, false, 16.0),
                Error)
       << "logits need a per-channel gate";
+}
+
+// ops::delta_rule_decode takes q and k before their L2 norm and beta as logits, read in place from one packed
+// product as a layer gives them; the fused step normalises and takes the sigmoid itself. Against the
+// normalised step in fp32 libtorch, for each gate of the family and both beta scales.
+TEST(CudaOps, DecodeStepFromRawInputsMatchesNormalisedStep) {
+  REQUIRE_KERNELS();
+  NoTf32 no_tf32;
+  torch::NoGradGuard no_grad;
+  const int64_t B = 3, H = 4, K = 64, V = 64;
+  const double scale = 0.125;
+  const auto opts = torch::TensorOptions().device(dev);
+  torch::manual_seed(23);
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16})
+    for (int gate = 0; gate < 3; ++gate)  // none (DeltaNet), one per step (Gated DeltaNet), per key channel (KDA)
+      for (const double beta_scale : {1.0, 2.0}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " gate " + std::to_string(gate) + " beta x" +
+                     std::to_string(beta_scale));
+        const auto packed = (torch::randn({B, 1, 2 * H * K + H}, opts) * 2).to(dtype);  // q, k, beta logits
+        const auto q = packed.narrow(2, 0, H * K).view({B, 1, H, K});
+        const auto k = packed.narrow(2, H * K, H * K).view({B, 1, H, K});
+        const auto logits = packed.narrow(2, 2 * H * K, H);
+        const auto v = torch::randn({B, 1, H, V}, opts).to(dtype), h0 = torch::randn({B, H, K, V}, opts) * 0.1;
+        torch::Tensor g;
+        if (gate == 1) g = -torch::softplus(torch::randn({B, 1, H}, opts));
+        if (gate == 2) g = -torch::softplus(torch::randn({B, 1, H, K}, opts));
+        ops::set_fused_kernels(false);
+        auto f = [](const torch::Tensor& x) { return x.to(torch::kFloat); };
+        const auto want = ops::delta_rule_recurrent(ops::l2_norm(f(q)), ops::l2_norm(f(k)), f(v),
+                                                    torch::sigmoid(f(logits)) * beta_scale, g, h0, scale);
+        const auto plain = ops::delta_rule_decode(q, k, v, logits, beta_scale, g, h0, scale);
+        ops::set_fused_kernels(true);
+        auto state = h0.clone();
+        const auto got = ops::delta_rule_decode(q, k, v, logits, beta_scale, g, state, scale, /*in_place=*/true);
+        const double e_o = rel_err(got.o, want.o), e_s = rel_err(got.state, want.state);
+        EXPECT_LE(e_o, dtype == torch::kFloat ? 1e-5 : 1e-2);
+        EXPECT_LE(e_s, dtype == torch::kFloat ? 1e-5 : 1e-4);
+        EXPECT_TRUE(got.state.is_same(state)) << "in place: the state written over the one given";
+        // The libtorch form rounds the normalised q and k to the inputs' dtype; the fused step does not.
+        EXPECT_LE(rel_err(plain.o, want.o), dtype == torch::kFloat ? 1e-5 : 2e-2);
+        EXPECT_LE(rel_err(plain.state, want.state), dtype == torch::kFloat ? 1e-5 : 1e-2);
+        if (beta_scale == 1) std::printf("[cuda-raw-decode] %s gate %d: o %.1e  state %.1e\n", c10::toString(dtype), gate, e_o, e_s);
+      }
+  const auto x = torch::randn({1, 2, 2, 8});
+  EXPECT_THROW(ops::delta_rule_decode(x, x, x, torch::randn({1, 2, 2}), 1, {}, {}, 0.125), Error) << "one step only";
+  const auto x1 = torch::randn({1, 1, 2, 8});
+  EXPECT_THROW(ops::delta_rule_decode(x1, x1, x1, torch::randn({1, 1, 3}), 1, {}, {}, 0.125), Error) << "beta's heads";
 }
 
 }  // namespace

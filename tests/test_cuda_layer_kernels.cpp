@@ -147,8 +147,12 @@ TEST(CudaOps, RowNormKernelsMatchFp64) {
                                                             c.rms, gated ? gate.to(dev).view({-1, c.D}) : torch::Tensor(),
                                                             c.gate);
       EXPECT_TRUE(torch::equal(from_rows.dx, from_copy.dx)) << "dx from strided rows";
-      if (c.rms) EXPECT_TRUE(torch::equal(from_rows.dw, from_copy.dw)) << "dw from strided rows";
-      if (gated) EXPECT_TRUE(torch::equal(from_rows.dgate, from_copy.dgate)) << "dgate from strided rows";
+      if (c.rms) {
+        EXPECT_TRUE(torch::equal(from_rows.dw, from_copy.dw)) << "dw from strided rows";
+      }
+      if (gated) {
+        EXPECT_TRUE(torch::equal(from_rows.dgate, from_copy.dgate)) << "dgate from strided rows";
+      }
     }
     // Bounds by the least precise dtype taking part: y and dw carry the rounding of n to x's dtype.
     auto tol = [](torch::ScalarType t) { return t == torch::kFloat ? 1e-5 : t == torch::kHalf ? 2e-3 : 1e-2; };

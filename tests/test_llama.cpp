@@ -28,7 +28,7 @@ namespace {
 // tests/golden/make_teacher_goldens.py).
 std::vector<std::string> golden_llama_folders() {
   std::vector<std::string> out;
-  for (const std::string root : {test::golden_dir(), test::source_dir() + "/tests/golden"}) {
+  for (const std::string& root : {test::golden_dir(), test::source_dir() + "/tests/golden"}) {
     if (!fs::is_directory(root)) continue;
     for (const auto& e : fs::directory_iterator(root))
       if (fs::exists(e.path() / "reference.safetensors") && fs::exists(e.path() / "config.json"))

@@ -47,6 +47,13 @@ OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, co
 OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
                           double scale, int64_t chunk = 64);
+// One decode step (T = 1) from a layer's raw inputs: q, k [B,1,H,K] before their L2 norm (l2_norm with
+// l2_eps), beta_logits [B,1,H] with beta = beta_scale sigmoid(beta_logits), g and h0 as above. The fused
+// kernel normalises and takes the sigmoid as it reads them (four launches fewer a layer: two norms, a cast
+// and the sigmoid); elsewhere l2_norm, sigmoid and delta_rule_recurrent run.
+OpResult delta_rule_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const torch::Tensor& beta_logits, double beta_scale, const torch::Tensor& g,
+                           const torch::Tensor& h0, double scale, bool in_place = false, double l2_eps = 1e-6);
 
 // ---- The mLSTM: mLSTM (exponential input gate, sigmoid forget gate, normaliser, max-stabiliser) ---
 // igate, fgate: pre-activations [B, T, H]; log f = logsigmoid(fgate); input weight exp(igate).

@@ -72,9 +72,14 @@ torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep
   return y;
 }
 
+torch::Tensor beta_from_logits(const torch::Tensor& logits, double scale) {
+  auto beta = torch::sigmoid(logits.to(torch::kFloat));
+  return scale == 1 ? beta : beta * scale;
+}
+
 DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
                         ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads,
-                        int64_t value_heads) {
+                        int64_t value_heads, bool normalise) {
   if (use_conv) {
     q = conv_step(q_conv, q, step, "conv_q");
     k = conv_step(k_conv, k, step, "conv_k");
@@ -83,9 +88,10 @@ DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool 
     q = torch::silu(q), k = torch::silu(k), v = torch::silu(v);
   }
   const int64_t groups = value_heads / heads;
-  return {repeat_heads(ops::l2_norm(split_heads(q, heads)), groups),   // [B,T,HV,Dk]
-          repeat_heads(ops::l2_norm(split_heads(k, heads)), groups),   // [B,T,HV,Dk]
-          split_heads(v, value_heads)};                                // [B,T,HV,Dv]
+  auto norm = [&](const torch::Tensor& x) { return normalise ? ops::l2_norm(x) : x; };
+  return {repeat_heads(norm(split_heads(q, heads)), groups),   // [B,T,HV,Dk]
+          repeat_heads(norm(split_heads(k, heads)), groups),   // [B,T,HV,Dk]
+          split_heads(v, value_heads)};                        // [B,T,HV,Dv]
 }
 
 torch::Tensor head_norm(RMSNorm& norm, const torch::Tensor& y) {

@@ -77,7 +77,8 @@ torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep
 // The delta-rule family's (DeltaNet, Gated DeltaNet, KDA) keys and values from the projected q, k
 // [B, T, H*Dk] and v [B, T, HV*Dv]: short convs with silu (or silu alone when use_conv is false), then
 // per-head split and L2 norm of q and k, which are repeated to the HV value heads (value head i reads
-// q/k head i / (HV / H), fla's GVA). Returns q, k [B, T, HV, Dk] and v [B, T, HV, Dv].
+// q/k head i / (HV / H), fla's GVA). Returns q, k [B, T, HV, Dk] and v [B, T, HV, Dv]; with normalise false
+// q and k come without their L2 norm (for ops::delta_rule_decode, which applies it).
 struct DeltaQKV {
   torch::Tensor q, k, v;
 };
@@ -85,8 +86,11 @@ struct DeltaQKV {
 // teacher's q_norm / k_norm, carried into its students); y itself otherwise.
 torch::Tensor head_norm(RMSNorm& norm, const torch::Tensor& y);
 
+// beta = scale σ(logits) in fp32 (the delta rule's write strength; scale 2 allows negative eigenvalues).
+torch::Tensor beta_from_logits(const torch::Tensor& logits, double scale);
+
 DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
                         ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads,
-                        int64_t value_heads);
+                        int64_t value_heads, bool normalise = true);
 
 }  // namespace linearize::mixers

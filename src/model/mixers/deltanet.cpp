@@ -41,17 +41,25 @@ torch::Tensor DeltaNet::forward(const torch::Tensor& x, LayerState* state) {
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads;
   const mixers::MixerStep step(state, T);
   const auto in = inputs(x);  // q_proj, k_proj, v_proj, b_proj, g_proj: one matrix product once packed
+  // A decode step with beta's projection takes q and k before their L2 norm and beta as logits
+  // (ops::delta_rule_decode).
+  const bool raw = step.decode && b_proj;
   auto [q, k, v] = mixers::delta_rule_qkv(mixers::head_norm(q_norm, in[q_proj]), mixers::head_norm(k_norm, in[k_proj]),
-                                          in[v_proj], config.use_short_conv, q_conv1d,
-                                          k_conv1d, v_conv1d, step, H, H);  // [B,T,H,Dk] x2, [B,T,H,Dv]
-  auto beta = b_proj ? torch::sigmoid(in[b_proj].to(torch::kFloat))
-                     : torch::ones({B, T, H}, x.options().dtype(torch::kFloat));  // [B,T,H]
-  if (config.allow_neg_eigval) beta = beta * 2;
+                                          in[v_proj], config.use_short_conv, q_conv1d, k_conv1d, v_conv1d, step, H, H,
+                                          /*normalise=*/!raw);  // [B,T,H,Dk] x2, [B,T,H,Dv]
+  const double beta_scale = config.allow_neg_eigval ? 2 : 1;  // beta = beta_scale σ(b_proj x), or beta_scale
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
-  auto r = step.decode ? ops::delta_rule_recurrent(q, k, v, beta, {}, step.get("S"), scale, step.in_place())
-                       : ops::delta_rule_chunk(q, k, v, beta, {}, step.get("S"), scale, config.chunk_size);
+  ops::OpResult r;
+  if (raw) {
+    r = ops::delta_rule_decode(q, k, v, in[b_proj], beta_scale, {}, step.get("S"), scale, step.in_place());
+  } else {
+    const auto beta = b_proj ? mixers::beta_from_logits(in[b_proj], beta_scale)
+                             : torch::full({B, T, H}, beta_scale, x.options().dtype(torch::kFloat));  // [B,T,H]
+    r = step.decode ? ops::delta_rule_recurrent(q, k, v, beta, {}, step.get("S"), scale, step.in_place())
+                    : ops::delta_rule_chunk(q, k, v, beta, {}, step.get("S"), scale, config.chunk_size);
+  }
   step.put("S", r.state);
   step.advance(T);
 

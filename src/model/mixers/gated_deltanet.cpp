@@ -45,17 +45,19 @@ torch::Tensor GatedDeltaNet::forward(const torch::Tensor& x, LayerState* state) 
   const int64_t B = x.size(0), T = x.size(1), H = config.num_heads, HV = config.value_heads();
   const mixers::MixerStep step(state, T);
   const auto in = inputs(x);  // q_proj, k_proj, v_proj, a_proj, b_proj, g_proj: one matrix product once packed
+  // A decode step takes q and k before their L2 norm and beta as logits (ops::delta_rule_decode).
   auto [q, k, v] = mixers::delta_rule_qkv(mixers::head_norm(q_norm, in[q_proj]), mixers::head_norm(k_norm, in[k_proj]),
-                                          in[v_proj], config.use_short_conv, q_conv1d,
-                                          k_conv1d, v_conv1d, step, H, HV);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
-  auto beta = torch::sigmoid(in[b_proj].to(torch::kFloat));  // [B,T,HV]
-  if (config.allow_neg_eigval) beta = beta * 2;
+                                          in[v_proj], config.use_short_conv, q_conv1d, k_conv1d, v_conv1d, step, H, HV,
+                                          /*normalise=*/!step.decode);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
+  const double beta_scale = config.allow_neg_eigval ? 2 : 1;  // beta = beta_scale σ(b_proj x) [B,T,HV]
   auto g = ops::softplus_decay(in[a_proj], dt_bias, A_log);  // -exp(A_log) softplus(a_proj x + dt_bias) [B,T,HV] fp32
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
-  auto r = step.decode ? ops::delta_rule_recurrent(q, k, v, beta, g, step.get("S"), scale, step.in_place())
-                       : ops::delta_rule_chunk(q, k, v, beta, g, step.get("S"), scale, config.chunk_size);
+  auto r = step.decode
+               ? ops::delta_rule_decode(q, k, v, in[b_proj], beta_scale, g, step.get("S"), scale, step.in_place())
+               : ops::delta_rule_chunk(q, k, v, mixers::beta_from_logits(in[b_proj], beta_scale), g, step.get("S"),
+                                       scale, config.chunk_size);
   step.put("S", r.state);
   step.advance(T);
 

@@ -53,11 +53,11 @@ torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   // q_proj, k_proj, v_proj, b_proj and the first stages of f_proj and g_proj (or the whole g_proj): one
   // matrix product once packed
   const auto in = inputs(x);
+  // A decode step takes q and k before their L2 norm and beta as logits (ops::delta_rule_decode).
   auto [q, k, v] = mixers::delta_rule_qkv(mixers::head_norm(q_norm, in[q_proj]), mixers::head_norm(k_norm, in[k_proj]),
-                                          in[v_proj], config.use_short_conv, q_conv1d,
-                                          k_conv1d, v_conv1d, step, H, HV);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
-  auto beta = torch::sigmoid(in[b_proj].to(torch::kFloat));  // [B,T,HV]
-  if (config.allow_neg_eigval) beta = beta * 2;
+                                          in[v_proj], config.use_short_conv, q_conv1d, k_conv1d, v_conv1d, step, H, HV,
+                                          /*normalise=*/!step.decode);  // [B,T,HV,Dk] x2, [B,T,HV,Dv]
+  const double beta_scale = config.allow_neg_eigval ? 2 : 1;  // beta = beta_scale σ(b_proj x) [B,T,HV]
   // g = -exp(A_log) softplus(f + dt_bias), one kernel each way (ops::softplus_decay), or the bounded gate
   const auto f = mixers::low_rank_stage(f_proj, 1)(in[mixers::low_rank_stage(f_proj, 0)]);  // [B,T,HV*Dk]
   auto g = mixers::split_heads(config.lower_bound < 0 ? ops::lower_bound_decay(f, dt_bias, A_log, config.lower_bound)
@@ -66,8 +66,10 @@ torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(config.head_k_dim));
 
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
-  auto r = step.decode ? ops::delta_rule_recurrent(q, k, v, beta, g, step.get("S"), scale, step.in_place())
-                       : ops::delta_rule_chunk(q, k, v, beta, g, step.get("S"), scale, config.chunk_size);
+  auto r = step.decode
+               ? ops::delta_rule_decode(q, k, v, in[b_proj], beta_scale, g, step.get("S"), scale, step.in_place())
+               : ops::delta_rule_chunk(q, k, v, mixers::beta_from_logits(in[b_proj], beta_scale), g, step.get("S"),
+                                       scale, config.chunk_size);
   step.put("S", r.state);
   step.advance(T);
 

@@ -82,11 +82,14 @@ torch::Tensor walk_decay_gradient(const torch::Tensor& dot_q, const torch::Tenso
 // applies: CUDA tensors, not fp64, fused kernels on. Otherwise nothing, and the caller runs its
 // libtorch form. Shapes as the recurrent ops: q, k [B,1,H,K], v [B,1,H,V], beta [B,1,H]; with groups > 1,
 // k, v and a scalar or vector g have H / groups heads (gla_recurrent's grouped KV heads). gate_logits > 0: a
-// vector g holds logits, the log decay being log_sigmoid(g) / gate_logits.
+// vector g holds logits, the log decay being log_sigmoid(g) / gate_logits. beta_logit_scale > 0: beta holds
+// logits, beta being beta_logit_scale sigmoid(beta); l2_eps > 0: q and k are L2-normalised as they are read
+// (cuda_kernels::recurrent_step).
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                           const torch::Tensor& h0, double scale, int64_t groups = 1,
-                                          bool in_place = false, double gate_logits = 0);
+                                          bool in_place = false, double gate_logits = 0, double beta_logit_scale = 0,
+                                          double l2_eps = 0);
 
 // The kernels' forms of diagonal_block_scores, solve_unit_lower, state_pass, walk_decay_gradient and
 // ops::softplus_decay, for the inputs they take (fused_*.cpp beside this header).

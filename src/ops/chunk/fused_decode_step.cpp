@@ -13,7 +13,7 @@ namespace linearize::ops::detail {
 std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                           const torch::Tensor& beta, const torch::Tensor& g, GateKind kind,
                                           const torch::Tensor& h0, double scale, int64_t groups, bool in_place,
-                                          double gate_logits) {
+                                          double gate_logits, double beta_logit_scale, double l2_eps) {
   if (!fused_kernels_enabled() || !on_kernel_device(q) || q.size(1) != 1 || v.scalar_type() == torch::kDouble)
     return std::nullopt;
   if (gate_logits > 0 && kind != GateKind::Vector) return std::nullopt;
@@ -28,7 +28,8 @@ std::optional<OpResult> fused_decode_step(const torch::Tensor& q, const torch::T
   else if (kind == GateKind::Scalar || kind == GateKind::Vector) gs = g.select(1, 0);
   auto [o, S_new] = cuda_kernels::recurrent_step(q.select(1, 0), k.select(1, 0), v.select(1, 0), gs,
                                                  beta.defined() ? beta.select(1, 0) : torch::Tensor(), S, scale,
-                                                 groups, in_place && h0.defined(), gate_logits);
+                                                 groups, in_place && h0.defined(), gate_logits, beta_logit_scale,
+                                                 l2_eps);
   return OpResult{o.unsqueeze(1), S_new};
 }
 

@@ -9,6 +9,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <tuple>
+
 #include "ops/cuda/recurrent_step.h"
 #include "ops/cuda/launch.cuh"
 #include "ops/cuda/shared_memory.cuh"
@@ -26,11 +28,12 @@ template <typename T>
 __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                       int64_t q_row, int64_t k_row, int64_t v_row, const float* __restrict__ g,
                                       const T* __restrict__ g_logits, float logit_scale, int gate_mode,
-                                      const float* __restrict__ beta, const float* S, float* S_new,
+                                      const float* __restrict__ beta, const T* __restrict__ beta_logits,
+                                      int64_t beta_row, float beta_scale, float l2_eps, const float* S, float* S_new,
                                       T* __restrict__ o, int H, int groups, int K, int V, float scale) {
   LINEARIZE_DYNAMIC_SHARED(float, shared);
-  float* qs = shared;          // [K] scale * q
-  float* ks = shared + K;      // [K]
+  float* qs = shared;          // [K] q
+  float* ks = shared + K;      // [K] k
   float* decay = shared + 2 * K;  // [K] exp(g)
   const int bh = blockIdx.x, b = bh / H, h = bh % H;
   const int kvh = b * (H / groups) + h / groups;  // (b, h / groups) in [B, Hkv]
@@ -38,7 +41,7 @@ __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restri
   const T* kb = k + b * k_row + static_cast<int64_t>(h / groups) * K;
   const T* vb = v + b * v_row + static_cast<int64_t>(h / groups) * V;
   for (int i = threadIdx.x; i < K; i += blockDim.x) {
-    qs[i] = static_cast<float>(qb[i]) * scale;
+    qs[i] = static_cast<float>(qb[i]);
     ks[i] = static_cast<float>(kb[i]);
     float lg = 0.f;
     if (gate_mode == 1) lg = g[h];
@@ -51,21 +54,35 @@ __global__ void recurrent_step_kernel(const T* __restrict__ q, const T* __restri
     decay[i] = __expf(lg);
   }
   __syncthreads();
+  // The factors q and k are read with: scale, and with l2_eps > 0 their L2 norms (x rsqrt(|x|^2 + eps), as
+  // ops::l2_norm), which every thread sums from shared memory (K is at most a few hundred).
+  float qf = scale, kf = 1.f;
+  if (l2_eps > 0.f) {
+    float sq = 0.f, sk = 0.f;
+    for (int i = 0; i < K; ++i) sq += qs[i] * qs[i], sk += ks[i] * ks[i];
+    qf *= rsqrtf(sq + l2_eps), kf = rsqrtf(sk + l2_eps);
+  }
+  // beta given, or beta_scale sigmoid(x) of its logits (a row of H every beta_row elements)
+  const bool has_beta = beta != nullptr || beta_logits != nullptr;
+  float b_t = 0.f;
+  if (beta != nullptr) b_t = beta[bh];
+  else if (beta_logits != nullptr) b_t = beta_scale / (1.f + expf(-static_cast<float>(beta_logits[b * beta_row + h])));
   const float* Sb = S + static_cast<size_t>(bh) * K * V;
   float* Nb = S_new + static_cast<size_t>(bh) * K * V;
   for (int j = threadIdx.x; j < V; j += blockDim.x) {
     float u = static_cast<float>(vb[j]);
-    if (beta != nullptr) {
+    if (has_beta) {
       float pred = 0.f;  // (S'^T k)_j
       for (int i = 0; i < K; ++i) pred += decay[i] * Sb[i * V + j] * ks[i];
-      u = beta[bh] * (u - pred);
+      u = b_t * (u - pred * kf);
     }
     float out = 0.f;
     for (int i = 0; i < K; ++i) {
-      const float s = decay[i] * Sb[i * V + j] + ks[i] * u;
+      const float s = decay[i] * Sb[i * V + j] + ks[i] * kf * u;
       Nb[i * V + j] = s;
       out += qs[i] * s;
     }
+    out *= qf;
     o[bh * V + j] = static_cast<T>(out);
   }
 }
@@ -84,7 +101,7 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
                                                        const torch::Tensor& v, const torch::Tensor& g,
                                                        const torch::Tensor& beta, const torch::Tensor& S,
                                                        double scale, int64_t groups, bool in_place,
-                                                       double gate_logits) {
+                                                       double gate_logits, double beta_logit_scale, double l2_eps) {
   const int64_t B = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
   TORCH_CHECK(groups >= 1 && H % groups == 0 && k.size(1) * groups == H && v.size(1) * groups == H,
               "recurrent step: expects k and v with H / groups heads; got q ", q.sizes(), ", k ", k.sizes(), ", v ",
@@ -105,7 +122,15 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
     gc = g.to(torch::kFloat).contiguous();
     gate_mode = g.dim() == 1 ? 1 : g.dim() == 2 ? 2 : 3;
   }
-  torch::Tensor bc = beta.defined() ? beta.to(torch::kFloat).contiguous() : torch::Tensor();
+  torch::Tensor bc, blc;  // beta in fp32, or its logits in the step's dtype (read in place where they allow)
+  int64_t beta_row = 0;
+  if (beta.defined() && beta_logit_scale > 0) {
+    TORCH_CHECK(beta.dim() == 2 && beta.size(0) == B && beta.size(1) == H, "recurrent step: beta logits need [B,H]; got ",
+                beta.sizes());
+    std::tie(blc, beta_row) = rows_of(beta.to(vc.scalar_type()).unsqueeze(-1));
+  } else if (beta.defined()) {
+    bc = beta.to(torch::kFloat).contiguous();
+  }
   auto S_new = in_place && Sc.is_same(S) ? Sc : torch::empty_like(Sc);
   auto o = torch::empty({B, H, V}, vc.options());
   const int threads = static_cast<int>(std::min<int64_t>(1024, std::max<int64_t>(32, (V + 31) / 32 * 32)));
@@ -114,7 +139,8 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
     launch(recurrent_step_kernel<scalar_t>, static_cast<unsigned>(B * H), threads, smem, qc.data_ptr<scalar_t>(),
            kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), q_row, k_row, v_row, ptr_or_null(gc),
            logits.defined() ? logits.data_ptr<scalar_t>() : nullptr, static_cast<float>(gate_logits), gate_mode,
-           ptr_or_null(bc), Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
+           ptr_or_null(bc), blc.defined() ? blc.data_ptr<scalar_t>() : nullptr, beta_row,
+           static_cast<float>(beta_logit_scale), static_cast<float>(l2_eps), Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
            static_cast<int>(groups), static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
   });
   return {o, S_new};

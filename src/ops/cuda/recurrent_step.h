@@ -15,11 +15,14 @@ namespace linearize::ops::cuda_kernels {
 // as repeat_heads spreads them). Returns o [B,H,V] in v's dtype and S_new [B,H,K,V] fp32: a new tensor (S left
 // untouched), or with in_place S itself updated where it is fp32 and contiguous. gate_logits > 0: g is a
 // [B,H,K] vector of logits in v's dtype (or fp32), the log decay being log_sigmoid(g) / gate_logits, computed
-// in fp32 as it is read.
+// in fp32 as it is read. beta_logit_scale > 0: beta [B,H] holds logits (any dtype; read in place where each
+// row's heads are contiguous), beta being beta_logit_scale sigmoid(x). l2_eps > 0: q and k are read
+// L2-normalised, x rsqrt(|x|^2 + l2_eps) in fp32 (ops::l2_norm without the rounding of its output).
 std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, const torch::Tensor& k,
                                                        const torch::Tensor& v, const torch::Tensor& g,
                                                        const torch::Tensor& beta, const torch::Tensor& S,
                                                        double scale, int64_t groups = 1, bool in_place = false,
-                                                       double gate_logits = 0);
+                                                       double gate_logits = 0, double beta_logit_scale = 0,
+                                                       double l2_eps = 0);
 
 }  // namespace linearize::ops::cuda_kernels

@@ -46,4 +46,23 @@ OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, co
   return {o, detail::returned_state(h0, S, in_place)};
 }
 
+OpResult delta_rule_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                           const torch::Tensor& beta_logits, double beta_scale, const torch::Tensor& g,
+                           const torch::Tensor& h0, double scale, bool in_place, double l2_eps) {
+  detail::check_qkv(q, k, v, "delta_rule_decode");
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), K = q.size(3);
+  if (T != 1) throw Error("delta_rule_decode: one step at a time, got T = " + std::to_string(T));
+  if (!beta_logits.defined() || beta_logits.dim() != 3 || beta_logits.size(0) != B || beta_logits.size(1) != 1 ||
+      beta_logits.size(2) != H)
+    throw Error("delta_rule_decode: expected beta logits [B,1,H] = [" + std::to_string(B) + ", 1, " +
+                std::to_string(H) + "]");
+  if (!(beta_scale > 0) || !(l2_eps > 0)) throw Error("delta_rule_decode: beta_scale and l2_eps must be positive");
+  const auto kind = detail::gate_kind(g, B, T, H, K, "delta_rule_decode");
+  if (auto fused = detail::fused_decode_step(q, k, v, beta_logits, g, kind, h0, scale, 1, in_place, 0, beta_scale, l2_eps))
+    return *fused;
+  auto beta = torch::sigmoid(beta_logits.to(torch::kFloat));
+  if (beta_scale != 1) beta = beta * beta_scale;
+  return delta_rule_recurrent(l2_norm(q, l2_eps), l2_norm(k, l2_eps), v, beta, g, h0, scale, in_place);
+}
+
 }  // namespace linearize::ops
