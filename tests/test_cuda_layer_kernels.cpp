@@ -471,5 +471,38 @@ TEST(CudaOps, SoftplusDecayKernelsMatchFp64) {
 #endif
 }
 
+// A residual connection and the norm after it in one kernel (ops::add_rms_norm, the decoder layers' h = x + a
+// and its post-attention norm when decoding): bit for bit the addition in x's dtype followed by the norm
+// kernel, in fp32 and bf16 with a weight of either; within round-off of the libtorch formula; and, where a
+// gradient is wanted, the plain addition and rms_norm, so that training keeps its graph.
+TEST(CudaOps, AddRmsNormMatchesAddThenNorm) {
+  REQUIRE_KERNELS();
+  torch::manual_seed(29);
+  const int64_t D = 96;
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16})
+    for (const auto w_dtype : {torch::kFloat, torch::kBFloat16}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " weight " + c10::toString(w_dtype));
+      const auto opts = torch::TensorOptions().device(dev);
+      const auto x = torch::randn({2, 3, D}, opts).to(dtype), r = torch::randn({2, 3, D}, opts).to(dtype);
+      const auto w = (torch::rand({D}, opts) + 0.5).to(w_dtype);
+      torch::NoGradGuard no_grad;
+      const auto got = ops::add_rms_norm(x, r, w, 1e-5);
+      const auto sum = x + r;
+      EXPECT_TRUE(torch::equal(got.sum, sum));
+      EXPECT_TRUE(torch::equal(got.normed, ops::rms_norm(sum, w, 1e-5))) << "the norm kernel on the sum";
+      ops::set_fused_kernels(false);
+      const auto plain = ops::rms_norm(sum, w, 1e-5);
+      ops::set_fused_kernels(true);
+      EXPECT_EQ(got.normed.scalar_type(), plain.scalar_type());
+      EXPECT_LE(rel_err(got.normed, plain), plain.scalar_type() == torch::kFloat ? 1e-6 : 1e-2);
+    }
+  const auto x = torch::randn({4, D}, torch::TensorOptions().device(dev).requires_grad(true));
+  const auto w = torch::ones({D}, torch::TensorOptions().device(dev));
+  const auto r = ops::add_rms_norm(x, torch::randn({4, D}, torch::TensorOptions().device(dev)), w, 1e-5);
+  ASSERT_TRUE(r.normed.requires_grad()) << "with a gradient wanted, the differentiable ops";
+  r.normed.sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+}
+
 }  // namespace
 }  // namespace linearize

@@ -149,6 +149,46 @@ TEST(CudaMixers, DecodeMatchesForwardAndCpu) {
   }
 }
 
+// A whole model's inference forward (no gradient: each residual addition joined to the norm after it,
+// ops::add_rms_norm) against its forward with gradients on (layer by layer, each addition then its norm),
+// for the teacher and a student of each mixer: bit for bit on the libtorch forms, and within fp32 round-off
+// on the kernels (the mixers' kernels differ between the two: decode-only ones run without gradients).
+TEST(CudaMixers, InferenceForwardMatchesTrainingForward) {
+  REQUIRE_KERNELS();
+  NoTf32 no_tf32;
+  const auto c = test::small_llama(200, 64, 2, 4, 2, 128);
+  torch::manual_seed(3);
+  CausalLM teacher(c);
+  init_weights_normal(*teacher, 0.1);
+  const auto ids = torch::randint(0, 200, {2, 24}, torch::kLong);
+  std::vector<std::string> models = {"teacher"};
+  for (const auto& k : mixer_kinds()) models.push_back(k);
+  for (const auto& name : models) {
+    SCOPED_TRACE(name);
+    CausalLM model = name == "teacher" ? teacher
+                                       : build_student(teacher, StudentSpec::make(parse_mixer_kind(name), "default", {}, c));
+    model->to(torch::kCPU);
+    torch::Tensor plain_train, plain_infer;
+    {
+      test::EmulationScope cpu_forms(false);
+      plain_train = model->forward(ids);
+      torch::NoGradGuard no_grad;
+      plain_infer = model->forward(ids);
+    }
+    EXPECT_TRUE(torch::equal(plain_train, plain_infer)) << "libtorch forms";
+    model->to(dev);
+    const auto train = model->forward(ids.to(dev));
+    torch::Tensor infer;
+    {
+      torch::NoGradGuard no_grad;
+      infer = model->forward(ids.to(dev));
+    }
+    const double e = rel_err(infer, train);
+    EXPECT_LE(e, 1e-5);
+    std::printf("[cuda-inference] %-18s no-grad forward vs forward %.1e\n", name.c_str(), e);
+  }
+}
+
 // ---- bf16 autocast training step ------------------------------------------------------------------
 
 TEST(CudaTrain, Bf16AutocastStage3KeepsFp32WeightsAndLearns) {

@@ -1,6 +1,7 @@
 #include "model/causal_lm.h"
 
 #include "model/recompute.h"
+#include "ops/ops.h"
 
 namespace linearize {
 
@@ -16,8 +17,9 @@ DecoderLayerImpl::DecoderLayerImpl(const LlamaConfig& c, std::shared_ptr<TokenMi
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, LayerState* state, Trace* trace) {
   auto a_in = input_layernorm(x);
   auto a_out = mixer->forward(a_in, state);
-  auto h = x + a_out;
-  auto out = h + mlp(post_attention_layernorm(h));
+  // h = x + a_out and its norm, one launch when decoding
+  const auto [h, m_in] = ops::add_rms_norm(x, a_out, post_attention_layernorm->weight, post_attention_layernorm->eps);
+  auto out = h + mlp(m_in);
   if (trace) {
     trace->layer_in.push_back(x);
     trace->attn_in.push_back(a_in);
@@ -28,8 +30,24 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& x, LayerState* stat
 }
 
 torch::Tensor DecoderLayerImpl::forward_packed(const torch::Tensor& x, const PackedRows& rows) {
-  auto h = x + mixer->forward_packed(input_layernorm(x), rows);
-  return h + mlp(post_attention_layernorm(h));
+  const auto [h, m_in] = ops::add_rms_norm(x, mixer->forward_packed(input_layernorm(x), rows),
+                                           post_attention_layernorm->weight, post_attention_layernorm->eps);
+  return h + mlp(m_in);
+}
+
+std::pair<torch::Tensor, torch::Tensor> DecoderLayerImpl::forward_deferred(const torch::Tensor& x,
+                                                                           const torch::Tensor& pending,
+                                                                           LayerState* state) {
+  torch::Tensor stream = x, a_in;
+  if (pending.defined()) {
+    auto joined = ops::add_rms_norm(x, pending, input_layernorm->weight, input_layernorm->eps);
+    stream = joined.sum, a_in = joined.normed;
+  } else {
+    a_in = input_layernorm(x);
+  }
+  auto joined = ops::add_rms_norm(stream, mixer->forward(a_in, state), post_attention_layernorm->weight,
+                                  post_attention_layernorm->eps);
+  return {joined.sum, mlp(joined.normed)};
 }
 
 CausalLMImpl::CausalLMImpl(const LlamaConfig& c, const MixerFactory& mixer_for) : config(c) {
@@ -69,6 +87,13 @@ torch::Tensor CausalLMImpl::hidden_states(const torch::Tensor& ids, ModelState* 
     state->resize(config.num_hidden_layers);
   auto x = model->embed_tokens(ids);  // [B,T,hidden]
   const bool recomputed = recompute && !state && !trace && torch::GradMode::is_enabled();
+  if (!trace && !torch::GradMode::is_enabled() && config.num_hidden_layers > 0) {
+    // Inference: each layer's last addition runs with the next norm, one launch a layer fewer.
+    torch::Tensor pending;
+    for (int64_t i = 0; i < config.num_hidden_layers; ++i)
+      std::tie(x, pending) = layer(i)->forward_deferred(x, pending, state ? &(*state)[i] : nullptr);
+    return ops::add_rms_norm(x, pending, model->norm->weight, model->norm->eps).normed;
+  }
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
     x = recomputed ? forward_recomputed(*layer(i), x) : layer(i)->forward(x, state ? &(*state)[i] : nullptr, trace);
   auto h = model->norm(x);

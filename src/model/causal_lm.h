@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/hf_config.h"
@@ -32,6 +33,11 @@ class DecoderLayerImpl : public torch::nn::Module {
   DecoderLayerImpl(const LlamaConfig& c, std::shared_ptr<TokenMixer> mixer, const std::string& mixer_name);
   torch::Tensor forward(const torch::Tensor& x, LayerState* state, Trace* trace = nullptr);
   torch::Tensor forward_packed(const torch::Tensor& x, const PackedRows& rows);
+  // Inference: forward with the layer's last addition left to the next norm. Takes the residual stream x and
+  // the last layer's MLP output (undefined for the first layer), returns h and this layer's MLP output, whose
+  // sum is forward's result; each addition runs with the norm after it (ops::add_rms_norm).
+  std::pair<torch::Tensor, torch::Tensor> forward_deferred(const torch::Tensor& x, const torch::Tensor& pending,
+                                                           LayerState* state);
 
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   std::shared_ptr<TokenMixer> mixer;

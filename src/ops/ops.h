@@ -99,6 +99,12 @@ torch::Tensor l2_norm(const torch::Tensor& x, double eps = 1e-6);
 enum class Gate { none, sigmoid, silu };
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps,
                        const torch::Tensor& gate = {}, Gate act = Gate::none);
+// A residual connection and the RMS norm after it: sum = x + residual and rms_norm(sum, weight, eps). One
+// kernel where it runs and nothing needs a gradient (inference); elsewhere the addition and rms_norm.
+struct AddNorm {
+  torch::Tensor sum, normed;
+};
+AddNorm add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight, double eps);
 
 // ---- The Llama MLP's SwiGLU product (ops/nn/swiglu.cpp) ------------------------------------------------
 // silu(gate) * up, as libtorch rounds it; on a kernel device one kernel each way (ops/cuda/swiglu.cu)

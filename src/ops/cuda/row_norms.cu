@@ -67,16 +67,24 @@ using OutOf = std::conditional_t<std::is_same_v<E, float> || std::is_same_v<W, f
 template <typename E, typename W>
 __global__ void __launch_bounds__(kThreads)
     row_norm_forward_kernel(const E* __restrict__ x, Rows x_rows, const W* __restrict__ w,
-                            const E* __restrict__ gate, Rows gate_rows, Gate act, OutOf<E, W>* __restrict__ y,
-                            float* __restrict__ r, int64_t rows, int D, float mean_scale, float eps) {
+                            const E* __restrict__ gate, Rows gate_rows, Gate act, const E* __restrict__ res,
+                            E* __restrict__ sum, OutOf<E, W>* __restrict__ y, float* __restrict__ r, int64_t rows,
+                            int D, float mean_scale, float eps) {
   using Out = OutOf<E, W>;
   const int lane = threadIdx.x % 32;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; row < rows;
        row += static_cast<int64_t>(gridDim.x) * kWarps) {
     const E* xr = x + x_rows.at(row);
+    // With a residual the row normed is round(x + res), as a separate addition in E would give it.
+    const E* rr = res == nullptr ? nullptr : res + row * D;
+    auto x_at = [&](int c) {
+      return rr == nullptr ? static_cast<float>(xr[c])
+                           : static_cast<float>(static_cast<E>(static_cast<float>(xr[c]) + static_cast<float>(rr[c])));
+    };
     float ss = 0.f;
     for (int c = lane; c < D; c += 32) {
-      const float v = static_cast<float>(xr[c]);
+      const float v = x_at(c);
+      if (sum != nullptr) sum[row * D + c] = static_cast<E>(v);
       ss += v * v;
     }
     const float s = rsqrtf(warp_sum(ss) * mean_scale + eps);
@@ -84,7 +92,7 @@ __global__ void __launch_bounds__(kThreads)
     Out* yr = y + row * D;
     const E* gr = gate == nullptr ? nullptr : gate + gate_rows.at(row);
     for (int c = lane; c < D; c += 32) {
-      const float n = static_cast<float>(static_cast<E>(static_cast<float>(xr[c]) * s));
+      const float n = static_cast<float>(static_cast<E>(x_at(c) * s));
       const Out yc = static_cast<Out>(w == nullptr ? n : static_cast<float>(w[c]) * n);
       if (gr == nullptr) yr[c] = yc;
       else yr[c] = static_cast<Out>(static_cast<float>(yc) * gate_value<E>(static_cast<float>(gr[c]), act));
@@ -207,20 +215,27 @@ bool row_norm_supported(torch::ScalarType x_dtype, torch::ScalarType w_dtype, in
 }
 
 RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, double mean_scale, double eps,
-                                const torch::Tensor& gate, Gate act) {
+                                const torch::Tensor& gate, Gate act, const torch::Tensor& residual) {
   check_input(x, w, gate);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = rows_in(x), D = x.size(-1);
+  TORCH_CHECK(!residual.defined() || (residual.sizes() == torch::IntArrayRef({rows, D}) &&
+                                      residual.scalar_type() == x.scalar_type() && residual.is_contiguous() &&
+                                      residual.device() == x.device()),
+              "row norm: expects a residual [", rows, ", ", D, "] ", x.scalar_type(), " contiguous; got ",
+              residual.defined() ? residual.sizes() : torch::IntArrayRef{});
   const Rows x_rows = rows_of(x, "x"), gate_rows = gate.defined() ? rows_of(gate, "the gate") : x_rows;
   const auto y_dtype = w.defined() ? at::promote_types(x.scalar_type(), w.scalar_type()) : x.scalar_type();
   RowNormForward out{torch::empty({rows, D}, x.options().dtype(y_dtype)),
                      torch::empty({rows}, x.options().dtype(torch::kFloat))};
+  if (residual.defined()) out.sum = torch::empty({rows, D}, x.options());
   if (rows == 0) return out;
   dispatch_pair(x, w, [&](auto e, auto wt) {
     using E = decltype(e);
     using W = decltype(wt);
     launch(row_norm_forward_kernel<E, W>, blocks_for(rows, int64_t{1} << 20), kThreads, 0, data_as<E>(x), x_rows,
-           data_or_null<W>(w), data_or_null<E>(gate), gate_rows, act, data_as<OutOf<E, W>>(out.y),
+           data_or_null<W>(w), data_or_null<E>(gate), gate_rows, act, data_or_null<E>(residual),
+           out.sum.defined() ? data_as<E>(out.sum) : nullptr, data_as<OutOf<E, W>>(out.y),
            out.rstd.data_ptr<float>(), rows, static_cast<int>(D), static_cast<float>(mean_scale), static_cast<float>(eps));
   });
   return out;

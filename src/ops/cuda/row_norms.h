@@ -19,11 +19,14 @@ namespace linearize::ops::cuda_kernels {
 // `norm(o) * silu(g)`.
 constexpr int64_t kMaxRowNormSize = 8192;
 bool row_norm_supported(torch::ScalarType x_dtype, torch::ScalarType w_dtype, int64_t D);
+// With a residual [rows, D] (x's dtype, contiguous) the row normed is sum = round(x + residual), also
+// returned: a residual connection's addition and the norm after it in one pass (forward only).
 struct RowNormForward {
-  torch::Tensor y, rstd;
+  torch::Tensor y, rstd, sum;
 };
 RowNormForward row_norm_forward(const torch::Tensor& x, const torch::Tensor& w, double mean_scale, double eps,
-                                const torch::Tensor& gate = {}, Gate act = Gate::none);
+                                const torch::Tensor& gate = {}, Gate act = Gate::none,
+                                const torch::Tensor& residual = {});
 // Its backward given dy (y's dtype, contiguous): dx (x's dtype), with a gate dgate (the gate's dtype), and,
 // when want_dw and w is defined, dw (w's dtype; summed over the rows in fp32, the same from run to run).
 struct RowNormGrads {

@@ -86,4 +86,19 @@ std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch:
   return y.view(x.sizes());
 }
 
+std::optional<AddNorm> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
+                                          const torch::Tensor& weight, double eps) {
+  if (!fused_kernels_enabled() || !on_kernel_device(x) || x.dim() < 1 || x.numel() == 0) return std::nullopt;
+  if (torch::GradMode::is_enabled() && (x.requires_grad() || residual.requires_grad() || weight.requires_grad()))
+    return std::nullopt;  // the forward kernel only
+  const int64_t D = x.size(-1);
+  if (residual.sizes() != x.sizes() || residual.scalar_type() != x.scalar_type() || residual.device() != x.device() ||
+      !x.is_contiguous() || !residual.is_contiguous() || weight.dim() != 1 || weight.size(0) != D ||
+      weight.device() != x.device() || !cuda_kernels::row_norm_supported(x.scalar_type(), weight.scalar_type(), D))
+    return std::nullopt;
+  auto r = cuda_kernels::row_norm_forward(x.view({-1, D}), weight.contiguous(), 1.0 / static_cast<double>(D), eps, {},
+                                          Gate::none, residual.view({-1, D}));
+  return AddNorm{r.sum.view(x.sizes()), r.y.view(x.sizes())};
+}
+
 }  // namespace linearize::ops::detail

@@ -19,6 +19,11 @@ bool fused_adamw_update(const AdamWUpdate& update);
 std::optional<torch::Tensor> fused_row_norm(const torch::Tensor& x, const torch::Tensor& weight, double mean_scale,
                                             double eps, const torch::Tensor& gate = {}, Gate act = Gate::none);
 
+// add_rms_norm (ops/cuda/row_norms.cu with a residual): where no gradient is needed, x and residual have one
+// shape and dtype, contiguous, and the kernel takes them.
+std::optional<AddNorm> fused_add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual,
+                                          const torch::Tensor& weight, double eps);
+
 // short_conv (ops/cuda/short_conv.cu).
 std::optional<ShortConvResult> fused_short_conv(const torch::Tensor& x, const torch::Tensor& weight,
                                                 const torch::Tensor& bias, const torch::Tensor& prefix, bool silu,

@@ -36,4 +36,10 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return y;
 }
 
+AddNorm add_rms_norm(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& weight, double eps) {
+  if (auto r = detail::fused_add_rms_norm(x, residual, weight, eps)) return *r;
+  auto sum = x + residual;
+  return {sum, rms_norm(sum, weight, eps)};
+}
+
 }  // namespace linearize::ops
