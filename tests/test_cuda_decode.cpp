@@ -222,7 +222,8 @@ TEST(CudaOps, DecodeStepFromRawInputsMatchesNormalisedStep) {
         // The libtorch form rounds the normalised q and k to the inputs' dtype; the fused step does not.
         EXPECT_LE(rel_err(plain.o, want.o), dtype == torch::kFloat ? 1e-5 : 2e-2);
         EXPECT_LE(rel_err(plain.state, want.state), dtype == torch::kFloat ? 1e-5 : 1e-2);
-        if (beta_scale == 1) std::printf("[cuda-raw-decode] %s gate %d: o %.1e  state %.1e\n", c10::toString(dtype), gate, e_o, e_s);
+        if (beta_scale == 1)
+          std::printf("[cuda-raw-decode] %s gate %d: o %.1e  state %.1e\n", c10::toString(dtype), gate, e_o, e_s);
       }
   const auto x = torch::randn({1, 2, 2, 8});
   EXPECT_THROW(ops::delta_rule_decode(x, x, x, torch::randn({1, 2, 2}), 1, {}, {}, 0.125), Error) << "one step only";

@@ -47,6 +47,9 @@ OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, co
 OpResult delta_rule_chunk(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const torch::Tensor& beta, const torch::Tensor& g, const torch::Tensor& h0,
                           double scale, int64_t chunk = 64);
+// The delta rule's beta from its projection's logits: beta_scale sigmoid(logits) in fp32 (beta_scale 2 allows
+// negative eigenvalues); what delta_rule_decode's fused kernel computes as it reads them.
+torch::Tensor delta_rule_beta(const torch::Tensor& logits, double beta_scale);
 // One decode step (T = 1) from a layer's raw inputs: q, k [B,1,H,K] before their L2 norm (l2_norm with
 // l2_eps), beta_logits [B,1,H] with beta = beta_scale sigmoid(beta_logits), g and h0 as above. The fused
 // kernel normalises and takes the sigmoid as it reads them (four launches fewer a layer: two norms, a cast

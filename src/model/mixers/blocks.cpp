@@ -72,11 +72,6 @@ torch::Tensor conv_step(ShortConv& conv, const torch::Tensor& x, const MixerStep
   return y;
 }
 
-torch::Tensor beta_from_logits(const torch::Tensor& logits, double scale) {
-  auto beta = torch::sigmoid(logits.to(torch::kFloat));
-  return scale == 1 ? beta : beta * scale;
-}
-
 DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
                         ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads,
                         int64_t value_heads, bool normalise) {

@@ -86,9 +86,6 @@ struct DeltaQKV {
 // teacher's q_norm / k_norm, carried into its students); y itself otherwise.
 torch::Tensor head_norm(RMSNorm& norm, const torch::Tensor& y);
 
-// beta = scale σ(logits) in fp32 (the delta rule's write strength; scale 2 allows negative eigenvalues).
-torch::Tensor beta_from_logits(const torch::Tensor& logits, double scale);
-
 DeltaQKV delta_rule_qkv(torch::Tensor q, torch::Tensor k, torch::Tensor v, bool use_conv, ShortConv& q_conv,
                         ShortConv& k_conv, ShortConv& v_conv, const MixerStep& step, int64_t heads,
                         int64_t value_heads, bool normalise = true);

@@ -55,7 +55,7 @@ torch::Tensor DeltaNet::forward(const torch::Tensor& x, LayerState* state) {
   if (raw) {
     r = ops::delta_rule_decode(q, k, v, in[b_proj], beta_scale, {}, step.get("S"), scale, step.in_place());
   } else {
-    const auto beta = b_proj ? mixers::beta_from_logits(in[b_proj], beta_scale)
+    const auto beta = b_proj ? ops::delta_rule_beta(in[b_proj], beta_scale)
                              : torch::full({B, T, H}, beta_scale, x.options().dtype(torch::kFloat));  // [B,T,H]
     r = step.decode ? ops::delta_rule_recurrent(q, k, v, beta, {}, step.get("S"), scale, step.in_place())
                     : ops::delta_rule_chunk(q, k, v, beta, {}, step.get("S"), scale, config.chunk_size);

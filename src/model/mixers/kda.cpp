@@ -68,7 +68,7 @@ torch::Tensor KDA::forward(const torch::Tensor& x, LayerState* state) {
   // ---- recurrent step (decode) / chunked form (whole sequence, prefill) ----
   auto r = step.decode
                ? ops::delta_rule_decode(q, k, v, in[b_proj], beta_scale, g, step.get("S"), scale, step.in_place())
-               : ops::delta_rule_chunk(q, k, v, mixers::beta_from_logits(in[b_proj], beta_scale), g, step.get("S"),
+               : ops::delta_rule_chunk(q, k, v, ops::delta_rule_beta(in[b_proj], beta_scale), g, step.get("S"),
                                        scale, config.chunk_size);
   step.put("S", r.state);
   step.advance(T);

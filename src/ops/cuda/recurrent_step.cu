@@ -125,8 +125,8 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
   torch::Tensor bc, blc;  // beta in fp32, or its logits in the step's dtype (read in place where they allow)
   int64_t beta_row = 0;
   if (beta.defined() && beta_logit_scale > 0) {
-    TORCH_CHECK(beta.dim() == 2 && beta.size(0) == B && beta.size(1) == H, "recurrent step: beta logits need [B,H]; got ",
-                beta.sizes());
+    TORCH_CHECK(beta.dim() == 2 && beta.size(0) == B && beta.size(1) == H,
+                "recurrent step: beta logits need [B,H]; got ", beta.sizes());
     std::tie(blc, beta_row) = rows_of(beta.to(vc.scalar_type()).unsqueeze(-1));
   } else if (beta.defined()) {
     bc = beta.to(torch::kFloat).contiguous();
@@ -140,8 +140,9 @@ std::pair<torch::Tensor, torch::Tensor> recurrent_step(const torch::Tensor& q, c
            kc.data_ptr<scalar_t>(), vc.data_ptr<scalar_t>(), q_row, k_row, v_row, ptr_or_null(gc),
            logits.defined() ? logits.data_ptr<scalar_t>() : nullptr, static_cast<float>(gate_logits), gate_mode,
            ptr_or_null(bc), blc.defined() ? blc.data_ptr<scalar_t>() : nullptr, beta_row,
-           static_cast<float>(beta_logit_scale), static_cast<float>(l2_eps), Sc.data_ptr<float>(), S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H),
-           static_cast<int>(groups), static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
+           static_cast<float>(beta_logit_scale), static_cast<float>(l2_eps), Sc.data_ptr<float>(),
+           S_new.data_ptr<float>(), o.data_ptr<scalar_t>(), static_cast<int>(H), static_cast<int>(groups),
+           static_cast<int>(K), static_cast<int>(V), static_cast<float>(scale));
   });
   return {o, S_new};
 }

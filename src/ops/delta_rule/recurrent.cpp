@@ -46,6 +46,11 @@ OpResult delta_rule_recurrent(const torch::Tensor& q, const torch::Tensor& k, co
   return {o, detail::returned_state(h0, S, in_place)};
 }
 
+torch::Tensor delta_rule_beta(const torch::Tensor& logits, double beta_scale) {
+  auto beta = torch::sigmoid(logits.to(torch::kFloat));
+  return beta_scale == 1 ? beta : beta * beta_scale;
+}
+
 OpResult delta_rule_decode(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                            const torch::Tensor& beta_logits, double beta_scale, const torch::Tensor& g,
                            const torch::Tensor& h0, double scale, bool in_place, double l2_eps) {
@@ -58,11 +63,11 @@ OpResult delta_rule_decode(const torch::Tensor& q, const torch::Tensor& k, const
                 std::to_string(H) + "]");
   if (!(beta_scale > 0) || !(l2_eps > 0)) throw Error("delta_rule_decode: beta_scale and l2_eps must be positive");
   const auto kind = detail::gate_kind(g, B, T, H, K, "delta_rule_decode");
-  if (auto fused = detail::fused_decode_step(q, k, v, beta_logits, g, kind, h0, scale, 1, in_place, 0, beta_scale, l2_eps))
+  if (auto fused = detail::fused_decode_step(q, k, v, beta_logits, g, kind, h0, scale, 1, in_place, 0, beta_scale,
+                                             l2_eps))
     return *fused;
-  auto beta = torch::sigmoid(beta_logits.to(torch::kFloat));
-  if (beta_scale != 1) beta = beta * beta_scale;
-  return delta_rule_recurrent(l2_norm(q, l2_eps), l2_norm(k, l2_eps), v, beta, g, h0, scale, in_place);
+  return delta_rule_recurrent(l2_norm(q, l2_eps), l2_norm(k, l2_eps), v, delta_rule_beta(beta_logits, beta_scale), g,
+                              h0, scale, in_place);
 }
 
 }  // namespace linearize::ops
